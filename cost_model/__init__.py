@@ -1,0 +1,1 @@
+"""The XGBoost cost model."""

@@ -1,0 +1,25 @@
+"""deploytool: ship ONNX models, fast, to x86, aarch64, NVIDIA GPUs and Cortex-M.
+
+The Python API mirrors the CLI command for command::
+
+    import deploytool
+    info = deploytool.inspect("model.onnx")
+    res = deploytool.compile("model.onnx", target="x86", output="model.so")
+    deploytool.run("model.so", check="model.onnx")
+    deploytool.bench("model.so", compare="model.onnx")
+"""
+
+__version__ = "0.1.0"
+
+_API = ("inspect", "compile", "run", "bench", "metadata", "list_targets")
+
+
+def __getattr__(name):  # lazy, so that `import deploytool.errors` stays cheap and cycle-free
+    if name in _API:
+        from deploytool import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'deploytool' has no attribute {name!r}")
+
+
+__all__ = list(_API) + ["__version__"]

@@ -1,0 +1,263 @@
+"""The Python API. Each CLI command is one function here, with the same arguments:
+
+    inspect(model)                      -> InspectResult
+    compile(model, target, output)      -> CompileResult
+    run(artifact, inputs, check)        -> RunResult
+    bench(artifact, compare)            -> BenchResult
+
+Errors are deploytool exceptions (deploytool.errors); nothing here prints or exits.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from deploytool import targets as _targets
+from deploytool.artifact import Artifact, TensorSpec, read_metadata
+from deploytool.errors import CheckError, DeploytoolError, ShapeError
+from deploytool.frontend import ModelInfo, import_onnx, load_onnx, model_info, parse_input_shapes
+from deploytool.pipeline import Task
+from deploytool.reference import OutputComparison, compare, ort_run, ort_session
+from deploytool.runner import LocalRunner, Timing, time_callable
+
+Progress = Callable[[str], None]
+
+
+def _noop(_msg: str) -> None:
+    pass
+
+
+def _shapes(input_shapes) -> dict[str, tuple[int, ...]]:
+    if input_shapes is None:
+        return {}
+    if isinstance(input_shapes, dict):
+        return {k: tuple(v) for k, v in input_shapes.items()}
+    return parse_input_shapes(list(input_shapes))
+
+
+# ----------------------------------------------------------------------------- inspect
+@dataclass
+class InspectResult:
+    info: ModelInfo
+    param_count: int | None = None       # parameters after import and constant folding
+    param_bytes: int | None = None
+    outputs: list[TensorSpec] | None = None
+    tasks: list[Task] | None = None
+    tasks_error: str | None = None       # why tasks could not be listed (dynamic dims...)
+
+    def to_dict(self) -> dict[str, Any]:
+        i = self.info
+        return {
+            "path": i.path, "sha256": i.sha256, "ir_version": i.ir_version, "opsets": i.opsets,
+            "producer": i.producer,
+            "inputs": [s.to_dict() for s in i.inputs], "dynamic_dims": i.dynamic_dims,
+            "outputs": [s.to_dict() for s in (self.outputs or i.outputs)],
+            "op_histogram": dict(i.op_histogram.most_common()),
+            "param_count": self.param_count if self.param_count is not None else i.initializer_count,
+            "param_bytes": self.param_bytes if self.param_bytes is not None else i.initializer_bytes,
+            "unsupported_ops": i.unsupported,
+            "tasks": [t.to_dict() for t in self.tasks] if self.tasks is not None else None,
+            "tasks_error": self.tasks_error,
+        }
+
+
+def inspect(model: str | Path, *, target: str = "x86", input_shapes=None) -> InspectResult:
+    """Describe a model: I/O, opset, operators, parameters, the kernels it compiles to, and
+    every operator the importer cannot handle."""
+    onnx_model = load_onnx(model)
+    info = model_info(onnx_model, model)
+    result = InspectResult(info=info)
+    if info.unsupported:
+        result.tasks_error = "the model has unsupported operators (listed above)"
+        return result
+    from deploytool.pipeline import optimize, partition, tasks
+
+    tgt = _targets.load(target)
+    try:
+        imported = import_onnx(model, _shapes(input_shapes))
+    except ShapeError as e:
+        result.tasks_error = str(e)
+        return result
+    result.outputs = imported.outputs
+    mod = optimize(imported.mod, tgt)
+    result.param_count, result.param_bytes = _relax_constants(mod)
+    result.tasks = tasks(partition(mod, tgt))
+    return result
+
+
+def _relax_constants(mod) -> tuple[int, int]:
+    from tvm import relax
+
+    seen: dict[int, tuple[int, int]] = {}
+
+    def visit(e):
+        if type(e).__name__ in ("Constant", "GenericConst") and hasattr(e, "value") and hasattr(e.value, "shape"):
+            a = e.value
+            n = int(np.prod(a.shape)) if len(a.shape) else 1
+            seen[id(e)] = (n, n * np.dtype(a.dtype).itemsize)
+
+    for _, f in mod.functions.items():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f.body, visit)
+    return sum(v[0] for v in seen.values()), sum(v[1] for v in seen.values())
+
+
+# ----------------------------------------------------------------------------- compile
+@dataclass
+class CompileResult:
+    artifact: Artifact
+    tasks: list[Task]
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.stage_seconds.values())
+
+
+def compile(model: str | Path, *, target: str = "x86", output: str | Path = "model.so", input_shapes=None,
+            tuning_log: str | Path | None = None, progress: Progress = _noop) -> CompileResult:
+    """Import, optimize, partition, schedule and build ``model`` into one self-describing .so."""
+    from deploytool import pipeline
+    from deploytool.artifact import sha256_file
+
+    tgt = _targets.load(target)
+    if not tgt.available:
+        raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
+                                   f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
+    if tuning_log is not None:
+        raise DeploytoolError("--tuning-log is not supported yet", "compile without it; tuning lands with issue #5")
+    times: dict[str, float] = {}
+
+    def stage(name, fn, *a):
+        progress(f"{name}...")
+        t0 = time.perf_counter()
+        out = fn(*a)
+        times[name] = time.perf_counter() - t0
+        return out
+
+    imported = stage("import", import_onnx, model, _shapes(input_shapes))
+    mod = stage("optimize", pipeline.optimize, imported.mod, tgt)
+    mod = stage("partition", pipeline.partition, mod, tgt)
+    task_list = pipeline.tasks(mod)
+    progress(f"{len(task_list)} kernels")
+    mod = stage("schedule", pipeline.schedule, mod, tgt)
+    ex = stage("build", pipeline.build, mod, tgt)
+    meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
+                                  onnx_sha256=imported.info.sha256, tuning_log_sha256=None, tasks_=task_list)
+    artifact = stage("export", pipeline.export, ex, tgt, output, meta)
+    return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times)
+
+
+# ----------------------------------------------------------------------------- run
+@dataclass
+class RunResult:
+    outputs: dict[str, np.ndarray]
+    inputs: dict[str, np.ndarray]
+    comparison: list[OutputComparison] | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.comparison is None or all(c.ok for c in self.comparison)
+
+
+def _inputs_for(artifact: Artifact, inputs, seed: int) -> dict[str, np.ndarray]:
+    from deploytool.inputs import load_inputs, random_inputs
+
+    if inputs is None:
+        return random_inputs(artifact.inputs, seed)
+    if isinstance(inputs, dict):
+        return dict(inputs)
+    return load_inputs(inputs, artifact.inputs)
+
+
+def _check_model_warning(artifact: Artifact, model: str | Path) -> list[str]:
+    from deploytool.artifact import sha256_file
+
+    want = artifact.metadata.get("model", {}).get("sha256")
+    if want and Path(model).is_file() and sha256_file(model) != want:
+        return [f"'{model}' is not the model '{artifact.path.name}' was built from (hash differs)"]
+    return []
+
+
+def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, check: str | Path | None = None,
+        rtol: float = 1e-4, seed: int = 0, threads: int | None = None) -> RunResult:
+    """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``."""
+    from deploytool.inputs import save_outputs
+
+    art = Artifact.open(artifact)
+    feed = _inputs_for(art, inputs, seed)
+    runner = LocalRunner(art, threads=threads)
+    outs = runner.run(feed)
+    if output is not None:
+        save_outputs(output, outs)
+    result = RunResult(outputs=outs, inputs=feed)
+    if check is not None:
+        load_onnx(check)  # one-line errors for a bad reference model
+        result.warnings += _check_model_warning(art, check)
+        sess = ort_session(check, threads=threads)
+        ref = ort_run(sess, feed)
+        result.comparison = compare(outs, ref, rtol)
+        bad = [c for c in result.comparison if not c.ok]
+        if bad:
+            worst = max(bad, key=lambda c: c.max_rel_err)
+            raise CheckError(f"output {worst.name} differs from onnxruntime: max rel err {worst.max_rel_err:.3g} "
+                             f"> tolerance {rtol:g} ({len(bad)} of {len(result.comparison)} outputs fail)",
+                             "report it with the model attached, or loosen --rtol if the model is numerically sensitive",
+                             report=result)
+    return result
+
+
+# ----------------------------------------------------------------------------- bench
+@dataclass
+class BenchResult:
+    artifact: str
+    threads: int
+    deploytool: Timing
+    onnxruntime: Timing | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        """deploytool median / onnxruntime median (below 1: deploytool is faster)."""
+        if self.onnxruntime is None:
+            return None
+        return self.deploytool.median_ms / self.onnxruntime.median_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"artifact": self.artifact, "threads": self.threads, "deploytool": self.deploytool.to_dict(),
+                "onnxruntime": self.onnxruntime.to_dict() if self.onnxruntime else None, "ratio": self.ratio,
+                "warnings": self.warnings}
+
+
+def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=None, warmup: int = 3,
+          repeats: int = 20, min_seconds: float = 0.5, threads: int | None = None, seed: int = 0) -> BenchResult:
+    """Latency of an artifact (min/median/p90); with ``compare``, onnxruntime on the same inputs and
+    the same number of threads, in the same run."""
+    art = Artifact.open(artifact)
+    threads = threads or _targets.physical_cores()
+    feed = _inputs_for(art, inputs, seed)
+    runner = LocalRunner(art, threads=threads)
+    ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+    result = BenchResult(artifact=str(artifact), threads=threads, deploytool=ours)
+    if compare is not None:
+        load_onnx(compare)
+        result.warnings += _check_model_warning(art, compare)
+        sess = ort_session(compare, threads=threads)
+        result.onnxruntime = time_callable(lambda: ort_run(sess, feed), warmup=warmup, repeats=repeats,
+                                           min_seconds=min_seconds)
+    return result
+
+
+def metadata(artifact: str | Path) -> dict[str, Any]:
+    """The metadata of an artifact, read from the file alone."""
+    return read_metadata(artifact)
+
+
+def list_targets() -> list[_targets.Target]:
+    return [_targets.load(n) for n in _targets.preset_names()]

@@ -1,0 +1,343 @@
+"""ONNX import: load and validate a model, fix its input shapes, give every value a clean C
+identifier, find every operator we cannot import, and translate it to a Relax IRModule."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploytool.artifact import TensorSpec, sha256_file
+from deploytool.errors import ModelError, ShapeError, UnsupportedOperatorError
+
+# Domains whose operators the Relax importer handles by op_type.
+_STD_DOMAINS = ("", "ai.onnx")
+
+
+@dataclass
+class ModelInfo:
+    """What `deploytool inspect` reports about an ONNX model (before import)."""
+
+    path: str
+    sha256: str
+    ir_version: int
+    opsets: dict[str, int]
+    producer: str
+    inputs: list[TensorSpec]           # dynamic dims appear as -1; see dynamic_dims
+    outputs: list[TensorSpec]
+    dynamic_dims: dict[str, list[str]]  # input name -> names of its dynamic dims
+    op_histogram: Counter
+    initializer_count: int
+    initializer_bytes: int
+    unsupported: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def opset(self) -> int:
+        return self.opsets.get("", self.opsets.get("ai.onnx", 0))
+
+
+@dataclass
+class ImportedModel:
+    """An imported model: the clean ONNX graph, its Relax module and the I/O specs."""
+
+    onnx_model: Any              # onnx.ModelProto after shape fixing and renaming
+    mod: Any                     # tvm.IRModule with a Relax "main"
+    inputs: list[TensorSpec]     # name = original ONNX name, tvm_name = sanitized name
+    outputs: list[TensorSpec]
+    info: ModelInfo
+
+
+def load_onnx(path: str | Path):
+    """Load and check an ONNX file; every failure is a one-line ModelError."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"model file '{path}' not found", "check the path")
+    if path.is_dir():
+        raise ModelError(f"'{path}' is a folder, not an ONNX file", "pass the .onnx file inside it")
+    data = path.read_bytes()
+    if not data:
+        raise ModelError(f"'{path}' is empty", "re-export the model")
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except DecodeError:
+        # An ONNX file starts with field 1 (ir_version, varint): tag byte 0x08.
+        if data[:1] == b"\x08":
+            raise ModelError(f"'{path}' is a truncated or corrupted ONNX file (protobuf does not parse)",
+                             "copy or download it again, or re-export it") from None
+        raise ModelError(f"'{path}' is not an ONNX model", "pass a .onnx file exported by your framework") from None
+    if model.ir_version == 0 or not model.HasField("graph") or not model.graph.node:
+        if data[:1] == b"\x08" and model.ir_version:
+            raise ModelError(f"'{path}' is a truncated ONNX file (it has no graph)",
+                             "copy or download it again, or re-export it")
+        raise ModelError(f"'{path}' is not an ONNX model", "pass a .onnx file exported by your framework")
+    if _uses_external_data(model):
+        from onnx.external_data_helper import load_external_data_for_model
+
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (OSError, ValueError) as e:
+            raise ModelError(f"'{path}' keeps weights in external files that cannot be read ({e})",
+                             "keep the .data files next to the .onnx file") from None
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelError(f"'{path}' fails the ONNX checker: {first}", "re-export the model or fix the node named") from None
+    return model
+
+
+def _uses_external_data(model) -> bool:
+    from onnx import TensorProto
+
+    return any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def _np_dtype(elem_type: int) -> str:
+    from onnx import helper
+
+    try:
+        return str(np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)))
+    except (KeyError, TypeError):
+        from onnx import TensorProto
+
+        return TensorProto.DataType.Name(elem_type).lower()
+
+
+def _value_spec(vi) -> tuple[TensorSpec, list[str]]:
+    tt = vi.type.tensor_type
+    dims, dyn = [], []
+    for i, d in enumerate(tt.shape.dim):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            dims.append(int(d.dim_value))
+        else:
+            dims.append(-1)
+            dyn.append(d.dim_param or f"dim{i}")
+    return TensorSpec(name=vi.name, shape=tuple(dims), dtype=_np_dtype(tt.elem_type), tvm_name=vi.name), dyn
+
+
+def graph_inputs(model) -> list:
+    """Real inputs: graph inputs that are not initializers (IR < 4 lists weights as inputs)."""
+    inits = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in inits]
+
+
+def iter_nodes(graph):
+    """All nodes of a graph and of its subgraphs (If/Loop/Scan bodies)."""
+    from onnx import AttributeProto
+
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == AttributeProto.GRAPH:
+                yield from iter_nodes(attr.g)
+            elif attr.type == AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from iter_nodes(g)
+
+
+def supported_op_types() -> set[str]:
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    return set(_get_convert_map().keys())
+
+
+def unsupported_ops(model) -> dict[str, int]:
+    """Every operator type the importer cannot handle, with its count (all at once)."""
+    known = supported_op_types()
+    bad: Counter = Counter()
+    for node in iter_nodes(model.graph):
+        if node.domain in _STD_DOMAINS:
+            if node.op_type not in known:
+                bad[node.op_type] += 1
+        else:
+            bad[f"{node.domain}::{node.op_type}"] += 1
+    return dict(bad)
+
+
+def model_info(model, path: str | Path) -> ModelInfo:
+    from onnx import numpy_helper  # noqa: F401  (keeps the onnx import local)
+
+    ins, dyn = [], {}
+    for vi in graph_inputs(model):
+        spec, d = _value_spec(vi)
+        ins.append(spec)
+        if d:
+            dyn[vi.name] = d
+    outs = [_value_spec(vi)[0] for vi in model.graph.output]
+    n_params = n_bytes = 0
+    for t in model.graph.initializer:
+        n = int(np.prod(t.dims)) if len(t.dims) else 1
+        n_params += n
+        try:
+            n_bytes += n * np.dtype(_np_dtype(t.data_type)).itemsize
+        except TypeError:
+            pass
+    return ModelInfo(
+        path=str(path), sha256=sha256_file(path), ir_version=model.ir_version,
+        opsets={o.domain: o.version for o in model.opset_import},
+        producer=f"{model.producer_name} {model.producer_version}".strip(),
+        inputs=ins, outputs=outs, dynamic_dims=dyn,
+        op_histogram=Counter(n.op_type for n in iter_nodes(model.graph)),
+        initializer_count=n_params, initializer_bytes=n_bytes, unsupported=unsupported_ops(model),
+    )
+
+
+def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:
+    """Parse ``name:1,3,224,224`` options (the name may itself contain ':')."""
+    out: dict[str, tuple[int, ...]] = {}
+    for s in specs or []:
+        name, sep, dims = s.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split(",") if d.strip() != "")
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d <= 0 for d in shape):
+            raise ShapeError(f"bad --input-shape '{s}'", "write it as NAME:D1,D2,... with positive dims, e.g. data:1,3,224,224")
+        out[name] = shape
+    return out
+
+
+_IDENT = re.compile(r"[^0-9A-Za-z_]")
+
+
+def sanitize_name(name: str) -> str:
+    s = _IDENT.sub("_", name)
+    if not s or s[0].isdigit():
+        s = "v_" + s
+    return s
+
+
+def sanitize_names(model) -> dict[str, str]:
+    """Rename every value (and node) to a unique C identifier, in place, subgraphs included.
+    Returns old -> new for the names that changed. ONNX names such as ``gpu_0/data_0`` otherwise
+    reach code generators as identifiers and break the CUDA build."""
+    from onnx import AttributeProto
+
+    graphs = []
+
+    def collect(g):
+        graphs.append(g)
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.type == AttributeProto.GRAPH:
+                    collect(attr.g)
+                elif attr.type == AttributeProto.GRAPHS:
+                    for sg in attr.graphs:
+                        collect(sg)
+
+    collect(model.graph)
+    names: list[str] = []
+    for g in graphs:
+        names += [v.name for v in list(g.input) + list(g.output) + list(g.value_info)]
+        names += [t.name for t in g.initializer]
+        names += [t.values.name for t in g.sparse_initializer]
+        for n in g.node:
+            names += list(n.input) + list(n.output)
+    mapping: dict[str, str] = {}
+    used = {n for n in names if n and sanitize_name(n) == n}
+    for n in dict.fromkeys(names):
+        if not n or n in used and sanitize_name(n) == n:
+            continue
+        base = sanitize_name(n)
+        new, k = base, 1
+        while new in used:
+            new, k = f"{base}_{k}", k + 1
+        used.add(new)
+        mapping[n] = new
+    if not mapping:
+        return {}
+    for g in graphs:
+        for v in list(g.input) + list(g.output) + list(g.value_info):
+            v.name = mapping.get(v.name, v.name)
+        for t in g.initializer:
+            t.name = mapping.get(t.name, t.name)
+        for n in g.node:
+            n.input[:] = [mapping.get(x, x) for x in n.input]
+            n.output[:] = [mapping.get(x, x) for x in n.output]
+            if n.name:
+                n.name = sanitize_name(n.name)
+    return mapping
+
+
+def _apply_input_shapes(model, overrides: dict[str, tuple[int, ...]], info: ModelInfo) -> None:
+    names = {s.name for s in info.inputs}
+    unknown = [n for n in overrides if n not in names]
+    if unknown:
+        raise ShapeError(f"--input-shape names unknown input(s) {', '.join(unknown)}",
+                         f"the model's inputs are: {', '.join(sorted(names))}")
+    still_dynamic = []
+    for vi in graph_inputs(model):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in overrides:
+            new = overrides[vi.name]
+            if len(dims) and len(new) != len(dims):
+                raise ShapeError(f"--input-shape gives {vi.name} rank {len(new)}, the model has rank {len(dims)}",
+                                 f"give {len(dims)} dims")
+            del dims[:]
+            for d in new:
+                dims.add().dim_value = d
+        elif vi.name in info.dynamic_dims:
+            still_dynamic.append(vi.name)
+    if still_dynamic:
+        hints = " ".join(
+            f"--input-shape {n}:" + ",".join(str(d) if d > 0 else "N" for d in next(s for s in info.inputs if s.name == n).shape)
+            for n in still_dynamic)
+        raise ShapeError(
+            "input(s) with dynamic dims: " + ", ".join(f"{n} ({', '.join(info.dynamic_dims[n])})" for n in still_dynamic),
+            f"fix them with {hints}")
+
+
+def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+    """Load, validate, fix shapes, sanitize names and import to Relax."""
+    model = load_onnx(path)
+    info = model_info(model, path)
+    if info.unsupported:
+        raise UnsupportedOperatorError(info.unsupported)
+    _apply_input_shapes(model, dict(input_shapes or {}), info)
+    orig_inputs = [vi.name for vi in graph_inputs(model)]
+    orig_outputs = [vi.name for vi in model.graph.output]
+    mapping = sanitize_names(model)
+
+    from tvm.relax.frontend.onnx import from_onnx
+
+    shape_dict = {}
+    dtype_dict = {}
+    for vi in graph_inputs(model):
+        spec, _ = _value_spec(vi)
+        shape_dict[vi.name] = list(spec.shape)
+        dtype_dict[vi.name] = spec.dtype
+    try:
+        mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=info.opset or None,
+                        keep_params_in_input=False, sanitize_input_names=False)
+    except Exception as e:  # the importer raises many kinds; keep one line
+        msg = str(e).strip().splitlines()
+        raise ModelError(f"importing '{path}' failed: {type(e).__name__}: {msg[-1] if msg else ''}"[:400],
+                         "run 'deploytool inspect' on it and file an issue with the model attached") from e
+
+    main = mod["main"]
+    inputs = []
+    for orig, param in zip(orig_inputs, main.params):
+        sinfo = param.ty
+        inputs.append(TensorSpec(name=orig, tvm_name=param.name,
+                                 shape=tuple(int(d) for d in sinfo.shape.values), dtype=str(sinfo.dtype)))
+    ret = main.ret_ty
+    rets = list(ret.fields) if hasattr(ret, "fields") else [ret]
+    if len(rets) != len(orig_outputs):
+        raise ModelError(f"the imported model has {len(rets)} outputs where the ONNX graph has {len(orig_outputs)}",
+                         "file an issue with the model attached")
+    outputs = []
+    for orig, sinfo in zip(orig_outputs, rets):
+        if not hasattr(sinfo, "dtype") or sinfo.shape is None:
+            raise ModelError(f"output {orig} is not a tensor of static shape ({sinfo})",
+                             "fix the input shapes with --input-shape, or file an issue with the model attached")
+        shape = tuple(int(d) for d in sinfo.shape.values)
+        outputs.append(TensorSpec(name=orig, tvm_name=mapping.get(orig, orig), shape=shape, dtype=str(sinfo.dtype)))
+    return ImportedModel(onnx_model=model, mod=mod, inputs=inputs, outputs=outputs, info=info)

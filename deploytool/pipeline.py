@@ -1,0 +1,209 @@
+"""The compilation pipeline, one function per stage:
+
+    optimize  -> graph passes on Relax (BatchNorm decomposition, constant folding)
+    partition -> legalize + fuse: one TIR PrimFunc per fused kernel (a "task")
+    schedule  -> per task: the tuning log's best record, else the target family's default schedule
+    build     -> TVM codegen for the target, then export ONE .so with the metadata linked in
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from deploytool.artifact import FORMAT, Artifact, TensorSpec, metadata_c_source, sha256_file
+from deploytool.errors import BuildError, TargetError, ToolchainError
+from deploytool.targets import Target
+
+
+@dataclass(frozen=True)
+class Task:
+    """One fused kernel: a TIR PrimFunc the runtime calls, identified by its structural hash."""
+
+    name: str
+    workload_hash: str
+    flops: float
+    calls: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "workload_hash": self.workload_hash, "flops": self.flops, "calls": self.calls}
+
+
+def optimize(mod, target: Target):
+    """Graph-level passes that do not depend on the schedule."""
+    import tvm
+    from tvm import relax
+
+    seq = tvm.transform.Sequential([
+        relax.transform.DecomposeOpsForInference(),
+        relax.transform.FoldConstant(),
+        relax.transform.CanonicalizeBindings(),
+        relax.transform.DeadCodeElimination(["main"]),
+    ])
+    with target.tvm_target():
+        return seq(mod)
+
+
+def partition(mod, target: Target):
+    """Legalize to TIR and fuse: afterwards every PrimFunc in the module is a task."""
+    import tvm
+    from tvm import relax
+
+    passes = [
+        relax.backend.DispatchSampling(),
+        relax.backend.DispatchSortScan(),
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        relax.transform.DeadCodeElimination(["main"]),
+    ]
+    with target.tvm_target():
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def tasks(mod) -> list[Task]:
+    """The tasks of a partitioned module, with how often main calls each."""
+    import tvm
+    from tvm import relax, tirx
+    from tvm.s_tir.analysis import estimate_tir_flops
+    import tvm_ffi
+
+    calls: dict[str, int] = {}
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op == tvm.ir.Op.get("relax.call_tir"):
+            gv = expr.args[0]
+            calls[gv.name_hint] = calls.get(gv.name_hint, 0) + 1
+
+    for gv, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    out = []
+    for gv, func in mod.functions.items():
+        if isinstance(func, tirx.PrimFunc):
+            try:
+                flops = float(estimate_tir_flops(tvm.IRModule({"main": func})))
+            except Exception:
+                flops = 0.0
+            h = tvm_ffi.structural_hash(func.without_attr("global_symbol")) & 0xFFFFFFFFFFFFFFFF
+            out.append(Task(name=gv.name_hint, workload_hash=f"{h:016x}", flops=flops, calls=calls.get(gv.name_hint, 0)))
+    out.sort(key=lambda t: -t.flops * max(t.calls, 1))
+    return out
+
+
+def schedule(mod, target: Target):
+    """Apply schedules to every task. Default (untuned) schedules come from schedules/."""
+    from deploytool import schedules
+
+    return schedules.apply_defaults(mod, target)
+
+
+def _finalize_pipeline():
+    import tvm
+    from tvm import relax
+
+    return tvm.transform.Sequential([
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+        relax.transform.StaticPlanBlockMemory(),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ])
+
+
+def build(mod, target: Target):
+    """TVM code generation for a scheduled module; returns a relax Executable."""
+    import tvm
+
+    t = target.tvm_target()
+    try:
+        with t:
+            return tvm.compile(mod, t, relax_pipeline=_finalize_pipeline())
+    except Exception as e:
+        lines = str(e).strip().splitlines()
+        raise BuildError(f"code generation for {target.name} failed: {type(e).__name__}: {lines[-1] if lines else ''}"[:400],
+                         "rerun with --verbose and file an issue with the model attached") from e
+
+
+def toolchain_cc(target: Target) -> str:
+    cc = target.toolchain.get("cc", "g++")
+    if shutil.which(cc) is None:
+        apt = " ".join(target.toolchain.get("apt", [])) or cc
+        raise ToolchainError(f"the {target.name} toolchain '{cc}' is not installed",
+                             f"install it (Debian: apt-get install --no-install-recommends {apt})")
+    return cc
+
+
+def export(executable, target: Target, path: str | Path, metadata: dict[str, Any]) -> Artifact:
+    """Export ONE shared library with the metadata in an ELF section (cross-linked if needed)."""
+    from tvm.support import cc as tvm_cc
+
+    if target.artifact != "so":
+        raise TargetError(f"target {target.name} ships a {target.artifact}, not a .so",
+                          "use a Linux target (x86, arm) for .so artifacts")
+    cc = toolchain_cc(target)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="deploytool-export-") as tmp:
+        meta_c = Path(tmp) / "deploytool_meta.c"
+        meta_c.write_text(metadata_c_source(metadata))
+        meta_o = Path(tmp) / "deploytool_meta.o"
+        # Compile the metadata with the target's own compiler (as C: g++ would mangle nothing
+        # here, but -x c keeps the symbol plain).
+        import subprocess
+
+        r = subprocess.run([cc, "-x", "c", "-c", "-fPIC", str(meta_c), "-o", str(meta_o)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise ToolchainError(f"compiling the metadata object with {cc} failed: {r.stderr.strip()[:300]}",
+                                 "check that the toolchain works (try compiling hello.c)")
+        fcompile = tvm_cc.cross_compiler(cc) if target.toolchain.get("cross") else None
+        tmp_out = path.with_name(path.name + ".tmp")
+        try:
+            executable.export_library(str(tmp_out), fcompile=fcompile, addons=[str(meta_o)], workspace_dir=tmp)
+        except Exception as e:
+            raise BuildError(f"linking {path.name} failed: {str(e).strip().splitlines()[-1][:300]}",
+                             "rerun with --verbose; check the toolchain") from e
+        os.replace(tmp_out, path)
+    return Artifact.open(path)
+
+
+def make_metadata(*, target: Target, inputs: list[TensorSpec], outputs: list[TensorSpec], onnx_path: str | Path,
+                  onnx_sha256: str, tuning_log_sha256: str | None, tasks_: list[Task], extra: dict | None = None) -> dict:
+    import tvm
+    import tvm_ffi
+
+    from deploytool import __version__
+
+    meta = {
+        "format": FORMAT,
+        "runtime": "tvm-relax-vm",
+        "entry": "main",
+        "deploytool_version": __version__,
+        "tvm_version": tvm.__version__,
+        "tvm_ffi_version": getattr(tvm_ffi, "__version__", "unknown"),
+        "target": target.to_dict(),
+        "inputs": [s.to_dict() for s in inputs],
+        "outputs": [s.to_dict() for s in outputs],
+        "model": {"file": Path(onnx_path).name, "sha256": onnx_sha256},
+        "tuning_log_sha256": tuning_log_sha256,
+        "kernels": len(tasks_),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if extra:
+        meta.update(extra)
+    return meta

@@ -1,0 +1,123 @@
+"""Runners: the only code that loads artifacts, runs them and measures them.
+
+``LocalRunner`` runs a .so on this machine through the TVM runtime. RPC and QEMU runners
+(ARM, Cortex-M issues) share its interface: ``run(inputs) -> outputs`` and ``time(...)``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from deploytool.artifact import Artifact
+from deploytool.errors import ArtifactError, TargetError
+from deploytool.targets import host_arch, missing_features
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Latency statistics in milliseconds."""
+
+    min_ms: float
+    median_ms: float
+    p90_ms: float
+    mean_ms: float
+    repeats: int
+    warmup: int
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_samples(cls, samples_s: list[float], warmup: int) -> "Timing":
+        ms = sorted(s * 1e3 for s in samples_s)
+        p90 = ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))]
+        return cls(min_ms=ms[0], median_ms=statistics.median(ms), p90_ms=p90, mean_ms=statistics.fmean(ms),
+                   repeats=len(ms), warmup=warmup)
+
+
+def time_callable(fn, *, warmup: int, repeats: int, min_seconds: float = 0.0) -> Timing:
+    """Time ``fn`` (which must block until done): ``warmup`` untimed calls, then at least
+    ``repeats`` timed ones (more while under ``min_seconds``)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    start = time.perf_counter()
+    while len(samples) < repeats or (time.perf_counter() - start) < min_seconds and len(samples) < 10000:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return Timing.from_samples(samples, warmup)
+
+
+def set_threads(n: int | None) -> None:
+    """Size TVM's CPU thread pool (None: leave the runtime's default)."""
+    if n:
+        import tvm_ffi
+
+        tvm_ffi.get_global_func("runtime.config_threadpool")(1, int(n))
+
+
+class LocalRunner:
+    """Loads a Linux .so artifact on this machine and runs it on the CPU."""
+
+    def __init__(self, artifact: Artifact, threads: int | None = None):
+        self.artifact = artifact
+        self._check_loadable()
+        import tvm
+        from tvm import relax
+
+        set_threads(threads)
+        try:
+            lib = tvm.runtime.load_module(str(artifact.path))
+        except Exception as e:
+            raise ArtifactError(f"the TVM runtime cannot load '{artifact.path}': {str(e).strip().splitlines()[-1][:300]}",
+                                "rebuild it with this deploytool/TVM version") from None
+        self.device = tvm.cpu()
+        self.vm = relax.VirtualMachine(lib, self.device)
+        self._main = self.vm[artifact.metadata.get("entry", "main")]
+
+    def _check_loadable(self) -> None:
+        a = self.artifact
+        meta = a.metadata
+        if a.metadata.get("target", {}).get("artifact", "so") != "so":
+            raise ArtifactError(f"'{a.path}' is a {meta['target']['artifact']}, not a .so", "run it with its bundle runner")
+        if a.arch != host_arch():
+            raise TargetError(f"'{a.path}' is built for {a.arch} and this machine is {host_arch()}",
+                              "run it on a matching device (--device), or rebuild with --target x86")
+        lacking = missing_features(a.required_features, a.arch)
+        if lacking:
+            raise TargetError(f"'{a.path}' needs CPU features this machine lacks: {', '.join(lacking)}",
+                              "rebuild for this machine with --target x86 (or a portable preset such as x86-avx2)")
+        import tvm
+
+        if meta.get("tvm_version") != tvm.__version__:
+            raise ArtifactError(f"'{a.path}' was built with TVM {meta.get('tvm_version')}, this runtime is TVM {tvm.__version__}",
+                                "rebuild it with this deploytool installation")
+
+    def to_device(self, inputs: dict[str, np.ndarray]) -> list:
+        import tvm
+
+        return [tvm.runtime.tensor(np.ascontiguousarray(inputs[s.name]), self.device) for s in self.artifact.inputs]
+
+    def _collect(self, result) -> dict[str, np.ndarray]:
+        outs = self.artifact.outputs
+        if len(outs) == 1 and hasattr(result, "numpy"):
+            return {outs[0].name: result.numpy()}
+        return {s.name: r.numpy() for s, r in zip(outs, result)}
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._collect(self._main(*self.to_device(inputs)))
+
+    def time(self, inputs: dict[str, np.ndarray], *, warmup: int = 3, repeats: int = 20, min_seconds: float = 0.0) -> Timing:
+        args = self.to_device(inputs)
+
+        def once():
+            self._main(*args)
+            self.device.sync()
+
+        return time_callable(once, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
