@@ -172,14 +172,7 @@ def model_info(model, path: str | Path) -> ModelInfo:
         if d:
             dyn[vi.name] = d
     outs = [_value_spec(vi)[0] for vi in model.graph.output]
-    n_params = n_bytes = 0
-    for t in model.graph.initializer:
-        n = int(np.prod(t.dims)) if len(t.dims) else 1
-        n_params += n
-        try:
-            n_bytes += n * np.dtype(_np_dtype(t.data_type)).itemsize
-        except TypeError:
-            pass
+    n_params, n_bytes = count_parameters(model)
     return ModelInfo(
         path=str(path), sha256=sha256_file(path), ir_version=model.ir_version,
         opsets={o.domain: o.version for o in model.opset_import},
@@ -188,6 +181,37 @@ def model_info(model, path: str | Path) -> ModelInfo:
         op_histogram=Counter(n.op_type for n in iter_nodes(model.graph)),
         initializer_count=n_params, initializer_bytes=n_bytes, unsupported=unsupported_ops(model),
     )
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """Learned parameters: float initializers, float Constant tensors, and ConstantOfShape fills
+    with constant shapes (how the light models store their weights). Integer tensors (shapes,
+    indices) are not parameters."""
+    from onnx import numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    n_params = n_bytes = 0
+
+    def add(n: int, dtype: str) -> None:
+        nonlocal n_params, n_bytes
+        n_params += n
+        n_bytes += n * np.dtype(dtype).itemsize
+
+    for t in model.graph.initializer:
+        dt = _np_dtype(t.data_type)
+        if dt.startswith(("float", "bfloat")):
+            add(int(np.prod(t.dims)) if len(t.dims) else 1, dt)
+    for node in iter_nodes(model.graph):
+        if node.op_type == "Constant":
+            for a in node.attribute:
+                if a.name == "value" and _np_dtype(a.t.data_type).startswith("float"):
+                    add(int(np.prod(a.t.dims)) if len(a.t.dims) else 1, _np_dtype(a.t.data_type))
+        elif node.op_type == "ConstantOfShape" and node.input and node.input[0] in inits:
+            value = next((a.t for a in node.attribute if a.name == "value"), None)
+            dt = _np_dtype(value.data_type) if value is not None else "float32"
+            if dt.startswith("float"):
+                add(int(np.prod(numpy_helper.to_array(inits[node.input[0]]))), dt)
+    return n_params, n_bytes
 
 
 def parse_input_shapes(specs: list[str] | None) -> dict[str, tuple[int, ...]]:

@@ -1,0 +1,4 @@
+from deploytool.cli import main
+import sys
+
+sys.exit(main())

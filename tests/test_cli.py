@@ -1,0 +1,180 @@
+"""The CLI through a real subprocess: every command, and every error case of the foundation
+issue gives one line naming the problem and the fix, exit code 2, no traceback."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_tiny_model
+
+pytestmark = pytest.mark.fast
+
+
+def assert_one_line_error(r, *needles, code=2):
+    assert r.code == code, r
+    lines = [ln for ln in r.err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, r
+    assert lines[0].startswith("deploytool: error: "), r
+    assert "Traceback" not in r.err
+    for n in needles:
+        assert n in lines[0], r
+
+
+def test_help_lists_every_command(cli):
+    r = cli("--help")
+    assert r.code == 0
+    for c in ("inspect", "compile", "run", "bench", "targets", "metadata"):
+        assert c in r.out
+
+
+def test_targets(cli):
+    r = cli("targets")
+    assert r.code == 0 and "x86-avx512" in r.out and "cortex-m7" in r.out
+
+
+def test_inspect(cli, tiny_model):
+    r = cli("inspect", tiny_model)
+    assert r.code == 0, r
+    for needle in ("in/img: float32[1, 3, 8, 8]", "out:gate: float32[1, 5]", "ai.onnx 17", "Conv", "Gemm",
+                   "parameters 132", "fused kernels"):
+        assert needle in r.out, (needle, r.out)
+    j = json.loads(cli("inspect", tiny_model, "--json").out)
+    assert j["op_histogram"]["Conv"] == 1 and j["param_count"] == 132 and j["unsupported_ops"] == {}
+    assert j["tasks"] and all(t["workload_hash"] for t in j["tasks"])
+
+
+def test_inspect_lists_unsupported_and_dynamic(cli, tmp_path):
+    p = make_tiny_model(tmp_path / "u.onnx", extra_ops=("Celu", "Det"), dynamic_batch=True)
+    r = cli("inspect", p)
+    assert r.code == 0, r
+    assert "unsupported: 2 operator type(s): Celu, Det" in r.out
+    assert "dynamic: N" in r.out
+
+
+def test_compile_run_check_bench(cli, tiny_model, tmp_path):
+    so = tmp_path / "tiny.so"
+    r = cli("compile", tiny_model, "--target", "x86", "-o", so)
+    assert r.code == 0, r
+    assert so.is_file() and "wrote" in r.out and "import..." in r.err  # progress on stderr
+
+    meta = json.loads(cli("metadata", so).out)
+    assert meta["inputs"][0]["name"] == "in/img"
+
+    out = tmp_path / "out.npz"
+    r = cli("run", so, "--check", tiny_model, "--output", out)
+    assert r.code == 0, r
+    assert "check passed" in r.out and "out/logits" in r.out
+    with np.load(out) as z:
+        assert sorted(z.files) == ["out/logits", "out:gate"]
+
+    inputs = tmp_path / "in.npz"
+    rng = np.random.default_rng(7)
+    np.savez(inputs, **{"in/img": rng.standard_normal((1, 3, 8, 8)).astype(np.float32),
+                        "in:bias": rng.standard_normal((1, 5)).astype(np.float32)})
+    r = cli("run", so, "--inputs", inputs, "--check", tiny_model, "--rtol", "1e-5")
+    assert r.code == 0, r
+
+    r = cli("bench", so, "--compare", tiny_model, "--repeats", "5", "--warmup", "1")
+    assert r.code == 0, r
+    assert "ratio deploytool/onnxruntime (median):" in r.out
+    j = json.loads(cli("bench", so, "--compare", tiny_model, "--repeats", "5", "--json").out)
+    assert j["ratio"] > 0 and j["onnxruntime"]["median_ms"] > 0 and j["threads"] >= 1
+
+
+def test_check_failure_exits_1_with_report(cli, tiny_model, tmp_path):
+    so = tmp_path / "tiny.so"
+    assert cli("compile", tiny_model, "-o", so, "-q").code == 0
+    other = make_tiny_model(tmp_path / "other.onnx", seed=1)  # same I/O, other weights
+    r = cli("run", so, "--check", other)
+    assert_one_line_error_with_report(r)
+
+
+def assert_one_line_error_with_report(r):
+    assert r.code == 1, r
+    assert "FAIL" in r.out
+    err = [ln for ln in r.err.strip().splitlines() if ln.startswith("deploytool: error:")]
+    assert len(err) == 1 and "differs from onnxruntime" in err[0]
+    assert "is not the model" in err[0] and "pass the model it was built from" in err[0]
+
+
+# ---------------------------------------------------------------------- error cases
+def test_error_missing_file(cli, tmp_path):
+    assert_one_line_error(cli("compile", tmp_path / "nope.onnx"), "not found", "check the path")
+    assert_one_line_error(cli("run", tmp_path / "nope.so"), "not found")
+
+
+def test_error_not_onnx(cli, tmp_path):
+    p = tmp_path / "readme.onnx"
+    p.write_text("# not a model\n" * 20)
+    assert_one_line_error(cli("compile", p), "not an ONNX model", "pass a .onnx file")
+
+
+def test_error_truncated(cli, tmp_path, tiny_model):
+    p = tmp_path / "cut.onnx"
+    data = tiny_model.read_bytes()
+    p.write_bytes(data[: len(data) - 40])
+    assert_one_line_error(cli("inspect", p), "truncated", "again")
+
+
+def test_error_unsupported_operator(cli, tmp_path):
+    p = make_tiny_model(tmp_path / "u.onnx", extra_ops=("Celu", "Det"))
+    assert_one_line_error(cli("compile", p, "-o", tmp_path / "u.so"), "2 unsupported operator type(s): Celu, Det")
+
+
+def test_error_unknown_target(cli, tiny_model):
+    assert_one_line_error(cli("compile", tiny_model, "--target", "pdp11"), "unknown target 'pdp11'", "x86-avx2")
+
+
+def test_error_target_not_available_yet(cli, tiny_model, tmp_path):
+    assert_one_line_error(cli("compile", tiny_model, "--target", "cortex-m4", "-o", tmp_path / "x"), "not available yet")
+
+
+def test_error_dynamic_shape(cli, tmp_path):
+    p = make_tiny_model(tmp_path / "d.onnx", dynamic_batch=True)
+    assert_one_line_error(cli("compile", p, "-o", tmp_path / "d.so"), "dynamic dims", "--input-shape in/img:N,3,8,8")
+    assert cli("compile", p, "-o", tmp_path / "d.so", "--input-shape", "in/img:2,3,8,8", "-q").code == 0
+    assert_one_line_error(cli("compile", p, "--input-shape", "in/img=2,3"), "bad --input-shape")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_model, cli):
+    so = tmp_path_factory.mktemp("cli") / "tiny.so"
+    assert cli("compile", tiny_model, "-o", so, "-q").code == 0
+    return so
+
+
+def _npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_error_npz_wrong_name(cli, built, tmp_path):
+    p = _npz(tmp_path / "a.npz", **{"in/img": np.zeros((1, 3, 8, 8), np.float32), "bias": np.zeros((1, 5), np.float32)})
+    assert_one_line_error(cli("run", built, "--inputs", p), "'bias', which is not a model input", "in/img, in:bias")
+
+
+def test_error_npz_missing_input(cli, built, tmp_path):
+    p = _npz(tmp_path / "a.npz", **{"in/img": np.zeros((1, 3, 8, 8), np.float32)})
+    assert_one_line_error(cli("run", built, "--inputs", p), "lacks input(s) in:bias")
+
+
+def test_error_npz_wrong_shape(cli, built, tmp_path):
+    p = _npz(tmp_path / "a.npz", **{"in/img": np.zeros((1, 3, 9, 8), np.float32), "in:bias": np.zeros((1, 5), np.float32)})
+    assert_one_line_error(cli("run", built, "--inputs", p), "shape [1, 3, 9, 8]", "wants [1, 3, 8, 8]")
+
+
+def test_error_npz_wrong_dtype(cli, built, tmp_path):
+    p = _npz(tmp_path / "a.npz", **{"in/img": np.zeros((1, 3, 8, 8), np.float64), "in:bias": np.zeros((1, 5), np.float32)})
+    assert_one_line_error(cli("bench", built, "--inputs", p), "dtype float64", "astype('float32')")
+
+
+def test_error_npz_not_a_file(cli, built, tmp_path):
+    p = tmp_path / "junk.npz"
+    p.write_text("junk")
+    assert_one_line_error(cli("run", built, "--inputs", p), "not a readable .npz")
+
+
+def test_verbose_shows_traceback(cli, tmp_path):
+    r = cli("--verbose", "compile", tmp_path / "nope.onnx")
+    assert r.code == 2 and "Traceback" in r.err and "deploytool: error:" in r.err

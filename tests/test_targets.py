@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from deploytool import targets
+from deploytool.errors import TargetError
+
+pytestmark = pytest.mark.fast
+
+
+def test_every_preset_loads_and_has_the_common_fields():
+    names = targets.preset_names()
+    for required in ("x86", "x86-avx2", "x86-avx512", "arm", "cuda", "cortex-m4", "cortex-m7"):
+        assert required in names
+    for n in names:
+        t = targets.load(n)
+        assert t.name == n
+        assert t.artifact in ("so", "c-bundle")
+        assert t.tvm["kind"] in ("llvm", "cuda", "c")
+        assert t.device["kind"] in ("local", "rpc", "qemu-user", "qemu-system")
+        assert "cc" in t.toolchain
+
+
+def test_x86_detects_this_cpu_and_never_requires_a_flag_it_lacks():
+    t = targets.load("x86")
+    flags = targets.host_cpu_flags()
+    assert t.tvm["mcpu"] not in ("native", "generic", "")
+    assert t.num_cores == targets.physical_cores()
+    assert set(t.required_features) <= flags
+    assert targets.missing_features(t.required_features, t.arch) == []
+
+
+def test_portable_presets_require_their_isa():
+    assert {"avx2", "fma"} <= set(targets.load("x86-avx2").required_features)
+    avx512 = targets.load("x86-avx512")
+    assert {"avx512f", "avx512bw", "avx512vl"} <= set(avx512.required_features)
+    assert avx512.vector_bits == 512 and targets.load("x86-avx2").vector_bits == 256
+    assert targets.load("arm").vector_bits == 128
+
+
+def test_missing_features_reads_cpuinfo():
+    cpuinfo = "processor : 0\nflags : fpu sse4_2 avx avx2 fma\n"
+    assert targets.missing_features(["avx2", "fma"], targets.host_arch(), cpuinfo) == []
+    assert targets.missing_features(["avx512f", "avx2"], targets.host_arch(), cpuinfo) == ["avx512f"]
+    assert targets.missing_features(["asimd"], "aarch64" if targets.host_arch() != "aarch64" else "x86_64") != []
+
+
+def test_unknown_target_names_the_choices():
+    with pytest.raises(TargetError) as e:
+        targets.load("x87")
+    msg = str(e.value)
+    assert "unknown target 'x87'" in msg and "x86-avx2" in msg and "\n" not in msg
+
+
+def test_preset_from_a_json_file(tmp_path):
+    p = tmp_path / "mybox.json"
+    p.write_text(json.dumps({"name": "mybox", "family": "x86", "arch": "x86_64",
+                             "tvm": {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "haswell"}}))
+    t = targets.load(str(p))
+    assert t.name == "mybox" and "avx2" in t.required_features  # derived from the mcpu
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "bad", "family": "x86", "arch": "x86_64", "tvm": "llvm -mcpu=haswell"}))
+    with pytest.raises(TargetError, match="TVM target dict"):
+        targets.load(str(bad))
