@@ -114,17 +114,17 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     times: dict[str, float] = {}
 
     def stage(name, fn, *a):
-        progress(f"{name}...")
         t0 = time.perf_counter()
         out = fn(*a)
         times[name] = time.perf_counter() - t0
+        progress(f"{name} done ({times[name]:.1f}s)")
         return out
 
     imported = stage("import", import_onnx, model, _shapes(input_shapes))
     mod = stage("optimize", pipeline.optimize, imported.mod, tgt)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
-    progress(f"{len(task_list)} kernels")
+    progress(f"{len(task_list)} kernels to schedule and build")
     mod = stage("schedule", pipeline.schedule, mod, tgt)
     ex = stage("build", pipeline.build, mod, tgt)
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
