@@ -16,6 +16,11 @@ LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "
                 "squeezenet", "vgg19", "zfnet512")
 
 
+def default_model() -> Path:
+    """The embedded default model (SqueezeNet 1.0 with seeded random weights; see tools/)."""
+    return Path(__file__).parent / "data" / "squeezenet1.0.onnx"
+
+
 def onnx_test_data_dir() -> Path:
     import onnx.backend.test
 

@@ -67,3 +67,19 @@ class CheckError(DeploytoolError):
 
 class ToolchainError(DeploytoolError):
     """A compiler, linker or emulator the target needs is not installed."""
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """One line for a foreign exception: its type and last message line, or, for bare asserts,
+    the source line that failed."""
+    import os
+    import traceback
+
+    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    if lines:
+        return f"{type(exc).__name__}: {lines[-1].strip()}"[:limit]
+    tb = traceback.extract_tb(exc.__traceback__)
+    if tb:
+        frame = tb[-1]
+        return f"{type(exc).__name__} in {os.path.basename(frame.filename)}:{frame.lineno}: {frame.line}"[:limit]
+    return type(exc).__name__

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from deploytool.artifact import TensorSpec, sha256_file
-from deploytool.errors import ModelError, ShapeError, UnsupportedOperatorError
+from deploytool.errors import ModelError, ShapeError, UnsupportedOperatorError, describe
 
 # Domains whose operators the Relax importer handles by op_type.
 _STD_DOMAINS = ("", "ai.onnx")
@@ -319,6 +319,48 @@ def _apply_input_shapes(model, overrides: dict[str, tuple[int, ...]], info: Mode
             f"fix them with {hints}")
 
 
+def rewrite_for_import(model) -> None:
+    """ONNX-level rewrites, in place, that make the imported graph better:
+
+    * ``Sum(a, b, ...)`` -> ``Add(Add(a, b), ...)``: TVM imports Sum as stack + sum(axis=0), a copy
+      of every operand into a 5-D tensor that also blocks fusing residual adds into convolutions
+      and breaks layout conversion.
+    * ``Dropout`` (inference) -> ``Identity`` when its mask is unused: TVM imports it as a tuple,
+      which TVM's layout conversion cannot rewrite.
+    """
+    from onnx import helper
+
+    def walk(graph):
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        nodes = []
+        for node in graph.node:
+            if (node.op_type == "Dropout" and node.domain in _STD_DOMAINS
+                    and (len(node.output) < 2 or not node.output[1] or node.output[1] not in used)):
+                nodes.append(helper.make_node("Identity", [node.input[0]], [node.output[0]], name=node.name))
+            elif node.op_type == "Sum" and node.domain in _STD_DOMAINS:
+                ins = list(node.input)
+                if len(ins) == 1:
+                    nodes.append(helper.make_node("Identity", ins, list(node.output), name=node.name))
+                else:
+                    acc = ins[0]
+                    for i, x in enumerate(ins[1:]):
+                        last = i == len(ins) - 2
+                        out = node.output[0] if last else f"{node.output[0]}__sum{i}"
+                        nodes.append(helper.make_node("Add", [acc, x], [out], name=f"{node.name}__add{i}" if node.name else ""))
+                        acc = out
+            else:
+                for attr in node.attribute:
+                    if attr.g is not None and attr.g.node:
+                        walk(attr.g)
+                    for g in attr.graphs:
+                        walk(g)
+                nodes.append(node)
+        del graph.node[:]
+        graph.node.extend(nodes)
+
+    walk(model.graph)
+
+
 def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
     """Load, validate, fix shapes, sanitize names and import to Relax."""
     model = load_onnx(path)
@@ -328,6 +370,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     _apply_input_shapes(model, dict(input_shapes or {}), info)
     orig_inputs = [vi.name for vi in graph_inputs(model)]
     orig_outputs = [vi.name for vi in model.graph.output]
+    rewrite_for_import(model)
     mapping = sanitize_names(model)
 
     from tvm.relax.frontend.onnx import from_onnx
@@ -342,8 +385,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
         mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=info.opset or None,
                         keep_params_in_input=False, sanitize_input_names=False)
     except Exception as e:  # the importer raises many kinds; keep one line
-        msg = str(e).strip().splitlines()
-        raise ModelError(f"importing '{path}' failed: {type(e).__name__}: {msg[-1] if msg else ''}"[:400],
+        raise ModelError(f"importing '{Path(path).name}' failed: {describe(e)}",
                          "run 'deploytool inspect' on it and file an issue with the model attached") from e
 
     main = mod["main"]

@@ -17,9 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import logging
+
 from deploytool.artifact import FORMAT, Artifact, TensorSpec, metadata_c_source, sha256_file
-from deploytool.errors import BuildError, TargetError, ToolchainError
+from deploytool.errors import BuildError, TargetError, ToolchainError, describe
 from deploytool.targets import Target
+
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,18 +41,40 @@ class Task:
 
 
 def optimize(mod, target: Target):
-    """Graph-level passes that do not depend on the schedule."""
+    """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
+    data layouts the target family's schedules want (weights are re-laid out once, here)."""
     import tvm
     from tvm import relax
 
-    seq = tvm.transform.Sequential([
+    from deploytool import schedules
+
+    passes = [
+        relax.transform.FoldConstant(),
+        relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
-        relax.transform.CanonicalizeBindings(),
-        relax.transform.DeadCodeElimination(["main"]),
-    ])
-    with target.tvm_target():
-        return seq(mod)
+    ]
+    mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
+    layouts = schedules.desired_layouts(target)
+    if layouts:
+        try:
+            with target.tvm_target():
+                mod = tvm.transform.Sequential([relax.transform.ConvertLayout(layouts),
+                                                relax.transform.FoldConstant()])(mod)
+        except Exception as e:  # TVM's layout inference misses some graphs: keep the ONNX layout
+            log.info("layout conversion skipped: %s", describe(e))
+    tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
+                                     relax.transform.DeadCodeElimination(["main"])])
+    return _run_passes(tidy, mod, target, "graph optimization")
+
+
+def _run_passes(seq, mod, target: Target, what: str):
+    try:
+        with target.tvm_target():
+            return seq(mod)
+    except Exception as e:
+        raise BuildError(f"{what} failed: {describe(e)}",
+                         "rerun with --verbose and file an issue with the model attached") from e
 
 
 def partition(mod, target: Target):
@@ -65,8 +92,7 @@ def partition(mod, target: Target):
         relax.transform.FuseTIR(),
         relax.transform.DeadCodeElimination(["main"]),
     ]
-    with target.tvm_target():
-        return tvm.transform.Sequential(passes)(mod)
+    return _run_passes(tvm.transform.Sequential(passes), mod, target, "lowering to kernels")
 
 
 def tasks(mod) -> list[Task]:
@@ -134,8 +160,7 @@ def build(mod, target: Target):
         with t:
             return tvm.compile(mod, t, relax_pipeline=_finalize_pipeline())
     except Exception as e:
-        lines = str(e).strip().splitlines()
-        raise BuildError(f"code generation for {target.name} failed: {type(e).__name__}: {lines[-1] if lines else ''}"[:400],
+        raise BuildError(f"code generation for {target.name} failed: {describe(e)}",
                          "rerun with --verbose and file an issue with the model attached") from e
 
 
@@ -176,7 +201,7 @@ def export(executable, target: Target, path: str | Path, metadata: dict[str, Any
         try:
             executable.export_library(str(tmp_out), fcompile=fcompile, addons=[str(meta_o)], workspace_dir=tmp)
         except Exception as e:
-            raise BuildError(f"linking {path.name} failed: {str(e).strip().splitlines()[-1][:300]}",
+            raise BuildError(f"linking {path.name} failed: {describe(e)}",
                              "rerun with --verbose; check the toolchain") from e
         os.replace(tmp_out, path)
     return Artifact.open(path)

@@ -67,7 +67,7 @@ class LocalRunner:
 
     def __init__(self, artifact: Artifact, threads: int | None = None):
         self.artifact = artifact
-        self._check_loadable()
+        self.check_loadable(artifact)
         import tvm
         from tvm import relax
 
@@ -81,10 +81,11 @@ class LocalRunner:
         self.vm = relax.VirtualMachine(lib, self.device)
         self._main = self.vm[artifact.metadata.get("entry", "main")]
 
-    def _check_loadable(self) -> None:
-        a = self.artifact
+    @staticmethod
+    def check_loadable(a: Artifact) -> None:
+        """Refuse, with a message, an artifact this machine cannot load (never a SIGILL)."""
         meta = a.metadata
-        if a.metadata.get("target", {}).get("artifact", "so") != "so":
+        if meta.get("target", {}).get("artifact", "so") != "so":
             raise ArtifactError(f"'{a.path}' is a {meta['target']['artifact']}, not a .so", "run it with its bundle runner")
         if a.arch != host_arch():
             raise TargetError(f"'{a.path}' is built for {a.arch} and this machine is {host_arch()}",

@@ -8,6 +8,17 @@ CLI, tuning logs or the cost model.
 from __future__ import annotations
 
 
+def desired_layouts(target) -> dict[str, list[str]]:
+    """Data layouts the family's default schedules are written for (Relax ConvertLayout form).
+
+    CPUs: NHWC activations with HWIO weights, so that output channels -- a multiple of the
+    vector width in nearly every CNN layer -- are the vectorized, contiguous axis whatever the
+    spatial size or stride. Pooling and elementwise ops follow the convolutions' layout."""
+    if target.family in ("x86", "arm"):
+        return {"relax.nn.conv2d": ["NHWC", "HWIO"]}
+    return {}
+
+
 def apply_defaults(mod, target):
     """Schedule every unscheduled task of ``mod`` for ``target`` with rule-based defaults."""
     family = target.family

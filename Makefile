@@ -1,0 +1,48 @@
+# The two commands (see README):
+#   make demo   set up a fresh machine and run the main job on the embedded default model
+#   make test   set up a fresh machine (Debian toolchains included) and pass the tests
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+DT     := $(VENV)/bin/deploytool
+MODEL  := deploytool/data/squeezenet1.0.onnx
+OUT    ?= out
+APT_PACKAGES := gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user \
+                gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
+# CI tier: everything but the long benchmarks. PYTEST_ARGS adds to it (e.g. -m fast).
+PYTEST_ARGS ?=
+
+.PHONY: setup toolchains demo test test-fast clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade "pip>=24"
+	$(VENV)/bin/pip install -q -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+toolchains:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  echo "installing Debian packages:$$missing"; \
+	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+demo: setup
+	mkdir -p $(OUT)
+	$(DT) inspect $(MODEL)
+	$(DT) compile $(MODEL) --target x86 -o $(OUT)/squeezenet.so
+	$(DT) run $(OUT)/squeezenet.so --check $(MODEL)
+	$(DT) bench $(OUT)/squeezenet.so --compare $(MODEL)
+
+test: toolchains setup
+	$(PY) -m pytest -n 2 -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -m fast $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(OUT) .pytest_cache
