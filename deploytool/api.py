@@ -185,9 +185,11 @@ def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, 
         result.comparison = compare(outs, ref, rtol)
         bad = [c for c in result.comparison if not c.ok]
         if bad:
-            worst = max(bad, key=lambda c: c.max_rel_err)
-            raise CheckError(f"output {worst.name} differs from onnxruntime: max rel err {worst.max_rel_err:.3g} "
-                             f"> tolerance {rtol:g} ({len(bad)} of {len(result.comparison)} outputs fail)",
+            worst = max(bad, key=lambda c: c.max_rel_err if c.max_rel_err == c.max_rel_err else float("inf"))
+            what = (f"max rel err {worst.max_rel_err:.3g} > tolerance {rtol:g}" if worst.max_rel_err == worst.max_rel_err
+                    else "NaN/inf values differ")
+            raise CheckError(f"output {worst.name} differs from onnxruntime: {what} "
+                             f"({len(bad)} of {len(result.comparison)} outputs fail)",
                              (f"{result.warnings[0]}: pass the model it was built from" if result.warnings else
                               "report it with the model attached, or loosen --rtol if the model is numerically sensitive"),
                              report=result)

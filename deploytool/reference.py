@@ -58,8 +58,9 @@ def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], rt
         if ref64.size == 0:
             report.append(OutputComparison(name, 0.0, 0.0, 0.0, rtol, True))
             continue
+        # NaN and inf must sit in the same places with the same values (NaN matches NaN).
         same_nonfinite = np.array_equal(~np.isfinite(ref64), ~np.isfinite(got64)) and np.array_equal(
-            ref64[~np.isfinite(ref64)], got64[~np.isfinite(got64)])
+            ref64[~np.isfinite(ref64)], got64[~np.isfinite(ref64)], equal_nan=True)
         fin = np.isfinite(ref64)
         diff = np.abs(ref64[fin] - got64[fin]) if fin.any() else np.zeros(1)
         scale = float(np.max(np.abs(ref64[fin]))) if fin.any() else 0.0
@@ -67,5 +68,6 @@ def compare(outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], rt
         rel = abs_err / scale if scale > 0 else abs_err
         exact_kind = np.dtype(ref.dtype).kind in "iub"
         ok = same_nonfinite and (abs_err == 0.0 if exact_kind else rel <= rtol)
-        report.append(OutputComparison(name, abs_err, rel, scale, rtol, bool(ok)))
+        report.append(OutputComparison(name, abs_err if same_nonfinite else float("nan"),
+                                       rel if same_nonfinite else float("nan"), scale, rtol, bool(ok)))
     return report

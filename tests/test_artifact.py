@@ -99,3 +99,15 @@ def test_bench_compare(tiny_so, tiny_model):
     assert r.deploytool.repeats >= 5 and r.onnxruntime.repeats >= 5
     assert r.deploytool.min_ms <= r.deploytool.median_ms <= r.deploytool.p90_ms
     assert r.ratio == pytest.approx(r.deploytool.median_ms / r.onnxruntime.median_ms)
+
+
+def test_compare_treats_matching_nans_as_equal():
+    from deploytool.reference import compare
+
+    ref = {"y": np.array([1.0, np.nan, np.inf, 2.0], np.float32)}
+    assert compare({"y": ref["y"].copy()}, ref, 1e-4)[0].ok
+    moved = np.array([np.nan, 1.0, np.inf, 2.0], np.float32)
+    assert not compare({"y": moved}, ref, 1e-4)[0].ok
+    off = np.array([1.0, np.nan, np.inf, 2.1], np.float32)
+    c = compare({"y": off}, ref, 1e-4)[0]
+    assert not c.ok and c.max_abs_err == pytest.approx(0.1, rel=1e-3)

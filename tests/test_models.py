@@ -72,10 +72,17 @@ def test_pytorch_sets(case, tmp_path):
     inputs, expected = load_case_data(d, model)
     so = tmp_path / "case.so"
     deploytool.compile(d / "model.onnx", output=so)
-    res = deploytool.run(so, inputs=inputs, check=d / "model.onnx", rtol=1e-4)
-    assert res.ok
+    res = deploytool.run(so, inputs=inputs)
     for got, want in zip(res.outputs.values(), expected):
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, equal_nan=True)
+    # onnxruntime too, where it can run the case (it has no kernels for some opset-6 ops, e.g. Add(6)).
+    try:
+        sess = ort_session(d / "model.onnx")
+    except DeploytoolError:
+        return
+    ref = ort_run(sess, inputs)
+    report = compare(dict(zip(ref, res.outputs.values())), ref, rtol=1e-4)
+    assert all(c.ok for c in report), report
 
 
 def test_expected_failures_are_real_cases():
