@@ -154,17 +154,47 @@ def _inline_producers(sch, block, keep_padding: bool = False) -> list:
 
 
 def _reverse_inline_consumers(sch, block) -> None:
-    """Inline every elementwise consumer chain of ``block`` into it (reverse_compute_inline)."""
-    changed = True
-    while changed:
-        changed = False
-        for c in sch.get_consumers(block):
+    """Inline the elementwise consumer chain of ``block`` into it (reverse_compute_inline), one
+    consumer at a time, and only while the consumer is the sole reader of ``block``'s output and
+    reads no other intermediate. (TVM accepts the inline otherwise and leaves a dangling buffer,
+    e.g. on GELU's ``x * 0.5 * (1 + erf(x / sqrt 2))``, which reads x twice.)"""
+    while True:
+        consumers = sch.get_consumers(block)
+        if len(consumers) != 1:
+            return
+        c = consumers[0]
+        producers = sch.get_producers(c)
+        if len(producers) != 1 or not sch.get(producers[0]).same_as(sch.get(block)):
+            return
+        try:
+            sch.reverse_compute_inline(c)
+        except Exception:
+            return
+
+
+def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
+    """The rest of an epilogue that could not be inlined into the write-back: inline its inner
+    elementwise blocks into their consumers, then compute what is left on each finished tile."""
+    keep_ids = [sch.get(b) for b in keep]
+    outputs = [sch.get(b) for b in sch.get_output_blocks(root)]
+    for b in sch.get_child_blocks(root):
+        blk = sch.get(b)
+        if any(blk.same_as(k) for k in keep_ids) or any(blk.same_as(o) for o in outputs):
+            continue
+        if _is_spatial_block(sch, b):
             try:
-                sch.reverse_compute_inline(c)
-                changed = True
-                break
+                sch.compute_inline(b)
             except Exception:
-                continue
+                pass
+    loop_sref = sch.get_sref(loop)
+    for b in sch.get_child_blocks(root):
+        blk = sch.get(b)
+        if any(blk.same_as(k) for k in keep_ids):
+            continue
+        if any(sch.get_sref(lp).same_as(loop_sref) for lp in sch.get_loops(b)):
+            continue  # already on the tile
+        sch.reverse_compute_at(b, loop, preserve_unit_loops=True)
+        _vectorize_inner(sch, sch.get_loops(b)[-1], params.vector_lanes * 4)
 
 
 # --------------------------------------------------------------------------- rule 1
@@ -233,9 +263,13 @@ def tile_reduction(func, tvm_target, params: CPUParams):
         sch.unroll(wii)
     sch.unroll(cim)
     sch.vectorize(cii)
-    # Write back the finished tile right after its reduction.
+    # Write back the finished tile right after its reduction, and run what is left of the
+    # epilogue on that tile.
     sch.reverse_compute_at(writeback, fused, preserve_unit_loops=True)
     _vectorize_inner(sch, sch.get_loops(writeback)[-1], lanes * 4)
+    root = sch.get_sblock("root")
+    if len(sch.get_child_blocks(root)) > 2 + len(pads):
+        _epilogue_at(sch, root, [red, writeback] + pads, fused, params)
     if r_loops:
         init = sch.decompose_reduction(red, r_loops[0])
         _vectorize_inner(sch, sch.get_loops(init)[-1], lanes * 4)

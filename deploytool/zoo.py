@@ -1,0 +1,152 @@
+"""Models we build ourselves, deterministically, for the benchmark corpus (bench/corpus.json).
+
+Each builder returns an onnx.ModelProto whose weights come from a seeded generator, so that the
+same code writes the same bytes (the corpus manifest pins their SHA-256):
+
+* ``mobilenet_v2``  MobileNet-v2, 224x224, width 1.0 (inverted residuals, depthwise convs, ReLU6)
+* ``bert_encoder``  a BERT-base-like encoder: seq 128, hidden 768, 12 heads, 12 layers, FFN 3072,
+                    MatMul / Softmax / LayerNormalization / erf-GELU; token ids in, hidden states out
+* ``ds_cnn_1d``     a keyword-spotting DS-CNN over 40 log-mel bins x 98 frames, 1-D convolutions
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class _Builder:
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.n = [], [], 0
+
+    def name(self, base: str) -> str:
+        self.n += 1
+        return f"{base}_{self.n}"
+
+    def const(self, arr: np.ndarray, base: str = "w") -> str:
+        from onnx import numpy_helper
+
+        nm = self.name(base)
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), nm))
+        return nm
+
+    def weight(self, shape, fan_in: int, base: str = "w", gain: float = 2.0) -> str:
+        return self.const(self.rng.normal(0, np.sqrt(gain / fan_in), size=shape).astype(np.float32), base)
+
+    def bias(self, n: int) -> str:
+        return self.const(self.rng.normal(0, 0.05, size=(n,)).astype(np.float32), "b")
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs) -> str | list[str]:
+        from onnx import helper
+
+        outs = [self.name(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def model(self, graph_name, inputs, outputs, opset: int):
+        from onnx import helper
+
+        g = helper.make_graph(self.nodes, graph_name, inputs, outputs, initializer=self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="deploytool.zoo")
+        m.ir_version = 8
+        return m
+
+
+def mobilenet_v2(seed: int = 0, num_classes: int = 1000):
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    six = b.const(np.array(6.0, np.float32), "six")
+    zero = b.const(np.array(0.0, np.float32), "zero")
+
+    def conv_bn_relu6(x, cin, cout, k, stride, groups=1, act=True):
+        w = b.weight((cout, cin // groups, k, k), fan_in=cin // groups * k * k)
+        y = b.op("Conv", [x, w, b.bias(cout)], kernel_shape=[k, k], strides=[stride, stride],
+                 pads=[k // 2] * 4, group=groups)
+        return b.op("Clip", [y, zero, six]) if act else y
+
+    x = "input"
+    y = conv_bn_relu6(x, 3, 32, 3, 2)
+    cin = 32
+    for t, c, n, s in [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                       (6, 320, 1, 1)]:
+        for i in range(n):
+            stride = s if i == 0 else 1
+            hidden = cin * t
+            h = conv_bn_relu6(y, cin, hidden, 1, 1) if t != 1 else y
+            h = conv_bn_relu6(h, hidden, hidden, 3, stride, groups=hidden)
+            h = conv_bn_relu6(h, hidden, c, 1, 1, act=False)
+            y = b.op("Add", [y, h]) if stride == 1 and cin == c else h
+            cin = c
+    y = conv_bn_relu6(y, cin, 1280, 1, 1)
+    y = b.op("GlobalAveragePool", [y])
+    y = b.op("Flatten", [y], axis=1)
+    w = b.weight((num_classes, 1280), fan_in=1280, gain=1.0)
+    y = b.op("Gemm", [y, w, b.bias(num_classes)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model("mobilenet_v2", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, num_classes])], opset=13)
+
+
+def bert_encoder(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, layers: int = 12,
+                 ffn: int = 3072, vocab: int = 30522):
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    dh = hidden // heads
+
+    def layer_norm(x):
+        g = b.const((1.0 + 0.05 * b.rng.standard_normal(hidden)).astype(np.float32), "ln_g")
+        return b.op("LayerNormalization", [x, g, b.bias(hidden)], axis=-1, epsilon=1e-12)
+
+    def dense(x, cin, cout):
+        y = b.op("MatMul", [x, b.weight((cin, cout), fan_in=cin, gain=1.0)])
+        return b.op("Add", [y, b.bias(cout)])
+
+    def gelu(x):  # x * 0.5 * (1 + erf(x / sqrt(2))), as exporters emit it
+        d = b.op("Div", [x, b.const(np.array(np.sqrt(2.0), np.float32), "sqrt2")])
+        e = b.op("Erf", [d])
+        p = b.op("Add", [e, b.const(np.array(1.0, np.float32), "one")])
+        m = b.op("Mul", [x, p])
+        return b.op("Mul", [m, b.const(np.array(0.5, np.float32), "half")])
+
+    emb = b.const((0.02 * b.rng.standard_normal((vocab, hidden))).astype(np.float32), "word_emb")
+    pos = b.const((0.02 * b.rng.standard_normal((1, seq, hidden))).astype(np.float32), "pos_emb")
+    x = b.op("Gather", [emb, "input_ids"], axis=0)
+    x = layer_norm(b.op("Add", [x, pos]))
+    split_shape = b.const(np.array([1, seq, heads, dh], np.int64), "shape")
+    merge_shape = b.const(np.array([1, seq, hidden], np.int64), "shape")
+    scale = b.const(np.array(1.0 / np.sqrt(dh), np.float32), "scale")
+    for _ in range(layers):
+        q, k, v = (b.op("Transpose", [b.op("Reshape", [dense(x, hidden, hidden), split_shape])], perm=perm)
+                   for perm in ([0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]))
+        att = b.op("Softmax", [b.op("Mul", [b.op("MatMul", [q, k]), scale])], axis=-1)
+        ctx = b.op("Reshape", [b.op("Transpose", [b.op("MatMul", [att, v])], perm=[0, 2, 1, 3]), merge_shape])
+        x = layer_norm(b.op("Add", [x, dense(ctx, hidden, hidden)]))
+        h = dense(gelu(dense(x, hidden, ffn)), ffn, hidden)
+        x = layer_norm(b.op("Add", [x, h]))
+    b.nodes[-1].output[0] = "hidden_states"
+    return b.model("bert_encoder", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
+                   [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, seq, hidden])], opset=17)
+
+
+def ds_cnn_1d(seed: int = 0, mels: int = 40, frames: int = 98, channels: int = 64, blocks: int = 4,
+              num_classes: int = 12):
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    w = b.weight((channels, mels, 3), fan_in=mels * 3)
+    y = b.op("Relu", [b.op("Conv", ["mel", w, b.bias(channels)], kernel_shape=[3], pads=[1, 1])])
+    for _ in range(blocks):
+        dw = b.weight((channels, 1, 9), fan_in=9)
+        y = b.op("Relu", [b.op("Conv", [y, dw, b.bias(channels)], kernel_shape=[9], pads=[4, 4], group=channels)])
+        pw = b.weight((channels, channels, 1), fan_in=channels)
+        y = b.op("Relu", [b.op("Conv", [y, pw, b.bias(channels)], kernel_shape=[1])])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((num_classes, channels), fan_in=channels, gain=1.0), b.bias(num_classes)], transB=1)
+    b.nodes[-1].output[0] = "scores"
+    return b.model("ds_cnn_1d", [helper.make_tensor_value_info("mel", TensorProto.FLOAT, [1, mels, frames])],
+                   [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, num_classes])], opset=13)
+
+
+BUILDERS = {"mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d}
