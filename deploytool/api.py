@@ -93,6 +93,7 @@ class CompileResult:
     artifact: Artifact
     tasks: list[Task]
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    schedules: dict[str, str] = field(default_factory=dict)   # kernel -> default rule ("none")
 
     @property
     def seconds(self) -> float:
@@ -125,12 +126,17 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
-    mod = stage("schedule", pipeline.schedule, mod, tgt)
+    sched: dict[str, str] = {}
+    mod = stage("schedule", pipeline.schedule, mod, tgt, sched)
+    unscheduled = sorted(k for k, v in sched.items() if v == "none")
+    if unscheduled:
+        progress(f"warning: {len(unscheduled)} kernel(s) have no default schedule and run unoptimized: "
+                 + ", ".join(unscheduled[:5]) + (" ..." if len(unscheduled) > 5 else ""))
     ex = stage("build", pipeline.build, mod, tgt)
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
                                   onnx_sha256=imported.info.sha256, tuning_log_sha256=None, tasks_=task_list)
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
-    return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times)
+    return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
 
 
 # ----------------------------------------------------------------------------- run

@@ -91,6 +91,11 @@ def cmd_compile(args) -> int:
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     print(f"wrote {r.artifact.path} ({_fmt_bytes(r.artifact.path.stat().st_size)}, {len(r.tasks)} kernels, "
           f"target {r.artifact.target['name']}) in {r.seconds:.1f}s [{stages}]")
+    if r.schedules:
+        from collections import Counter
+
+        counts = Counter(r.schedules.values())
+        print("default schedules: " + ", ".join(f"{n} {rule}" for rule, n in counts.most_common()))
     return 0
 
 

@@ -125,11 +125,12 @@ def tasks(mod) -> list[Task]:
     return out
 
 
-def schedule(mod, target: Target):
-    """Apply schedules to every task. Default (untuned) schedules come from schedules/."""
+def schedule(mod, target: Target, report: dict | None = None):
+    """Apply schedules to every task. Default (untuned) schedules come from schedules/;
+    ``report`` receives kernel name -> the rule that scheduled it ("none": left as legalized)."""
     from deploytool import schedules
 
-    return schedules.apply_defaults(mod, target)
+    return schedules.apply_defaults(mod, target, report)
 
 
 def _finalize_pipeline():

@@ -19,11 +19,12 @@ def desired_layouts(target) -> dict[str, list[str]]:
     return {}
 
 
-def apply_defaults(mod, target):
-    """Schedule every unscheduled task of ``mod`` for ``target`` with rule-based defaults."""
+def apply_defaults(mod, target, report: dict | None = None):
+    """Schedule every unscheduled task of ``mod`` for ``target`` with rule-based defaults.
+    ``report``, if given, receives kernel name -> the rule that scheduled it (or "none")."""
     family = target.family
     if family in ("x86", "arm"):
         from deploytool.schedules import cpu
 
-        return cpu.apply(mod, target)
+        return cpu.apply(mod, target, report)
     return mod

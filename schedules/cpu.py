@@ -40,8 +40,9 @@ class CPUParams:
         return cls(vector_lanes=max(1, bits // 32), registers=regs, cores=max(1, target.num_cores))
 
 
-def apply(mod, target):
-    """Schedule every unscheduled PrimFunc of ``mod``; returns the new module."""
+def apply(mod, target, report: dict | None = None):
+    """Schedule every unscheduled PrimFunc of ``mod``; returns the new module. ``report`` gets
+    kernel name -> rule name ("none" when no rule applied: the kernel stays as legalized)."""
     from tvm import tirx
 
     params = CPUParams.for_target(target)
@@ -50,7 +51,9 @@ def apply(mod, target):
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
             continue
-        new = schedule_func(func, tvm_target, params, name=gv.name_hint)
+        new, rule = schedule_func(func, tvm_target, params, name=gv.name_hint)
+        if report is not None:
+            report[gv.name_hint] = rule
         if new is not None:
             updated[gv] = new.with_attr("tirx.is_scheduled", True)
     for gv, func in updated.items():
@@ -59,7 +62,7 @@ def apply(mod, target):
 
 
 def schedule_func(func, tvm_target, params: CPUParams, name: str = ""):
-    """The first rule that schedules ``func``, as a new PrimFunc; None if none applies."""
+    """(new PrimFunc, rule name) from the first rule that schedules ``func``; (None, "none")."""
     from tvm import s_tir
 
     for rule in (tile_reduction, row_reduction, injective):
@@ -70,8 +73,8 @@ def schedule_func(func, tvm_target, params: CPUParams, name: str = ""):
             log.debug("rule %s failed on %s: %s", rule.__name__, name, e)
             continue
         if sch is not None:
-            return sch.mod["main"] if isinstance(sch, s_tir.Schedule) else sch
-    return None
+            return (sch.mod["main"] if isinstance(sch, s_tir.Schedule) else sch), rule.__name__
+    return None, "none"
 
 
 # --------------------------------------------------------------------------- helpers
