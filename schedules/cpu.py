@@ -237,12 +237,15 @@ def tile_reduction(func, tvm_target, params: CPUParams):
     if c_idx is None:
         return None
     c_var = sp_vars[c_idx]
+    group = None  # grouped convolution: the input channel depends on c only through c // group
     if not _contiguous_or_absent(blk, c_var):
-        return None
+        group = _group_size(blk, c_var)
+        if group is None or extents[c_idx] % group or not _contiguous_or_absent(blk, c_var, ignore_floordiv=group):
+            return None
     lanes = params.vector_lanes
     w_idx = max((i for i in range(c_idx) if extents[i] > 1), default=None)
     W = extents[w_idx] if w_idx is not None else 1
-    ci, wi = _register_tile(extents[c_idx], W, lanes, params.registers)
+    ci, wi = _register_tile(group or extents[c_idx], W, lanes, params.registers)
 
     # Accumulate in a local tile; fuse the epilogue into its write-back.
     sch.cache_write(red, 0, "local")
@@ -251,7 +254,14 @@ def tile_reduction(func, tvm_target, params: CPUParams):
 
     loops = sch.get_loops(red)
     sp_loops, r_loops = list(loops[:n_sp]), list(loops[n_sp:])
-    co, cii = sch.split(sp_loops[c_idx], factors=[None, ci])
+    if group:
+        # groups outside, then tiles within a group: (g * group + r) // group simplifies to g,
+        # so the input channel is one broadcast per tile
+        cg, cr = sch.split(sp_loops[c_idx], factors=[None, group])
+        co, cii = sch.split(cr, factors=[None, ci])
+        co = sch.fuse(cg, co)
+    else:
+        co, cii = sch.split(sp_loops[c_idx], factors=[None, ci])
     v = min(ci, lanes) if ci % min(ci, lanes) == 0 else ci
     cim, cii = sch.split(cii, factors=[None, v])  # whole native vectors, unrolled
     if w_idx is not None:
@@ -308,12 +318,40 @@ def _has_root(sch) -> bool:
         return False
 
 
-def _contiguous_or_absent(blk, var) -> bool:
+def _floordivs(expr, var) -> list[int]:
+    """Constant divisors k of every ``var // k`` inside ``expr``."""
+    from tvm import tirx
+
+    found = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, tirx.FloorDiv) and e.a.same_as(var) and _const(e.b):
+            found.append(_const(e.b))
+            continue
+        for attr in ("a", "b"):
+            sub = getattr(e, attr, None)
+            if sub is not None:
+                stack.append(sub)
+    return found
+
+
+def _group_size(blk, var) -> int | None:
+    """k when every non-linear use of ``var`` in the reads is ``var // k`` (one k)."""
+    ks = {k for region in blk.reads for r in region.region for k in _floordivs(r.min, var)}
+    return ks.pop() if len(ks) == 1 else None
+
+
+def _contiguous_or_absent(blk, var, ignore_floordiv: int | None = None) -> bool:
     """Every read indexes ``var`` only in its last dimension with coefficient 1, or not at all:
-    the vectorized axis then loads contiguous vectors or broadcasts."""
+    the vectorized axis then loads contiguous vectors or broadcasts. With ``ignore_floordiv=k``,
+    ``var // k`` counts as constant (a grouped convolution's input channel, tiled per group)."""
+    from tvm import tirx
     from tvm.sym import detect_linear_equation
 
     def coef(expr) -> int | None:
+        if ignore_floordiv:
+            expr = _replace_floordiv(expr, var, ignore_floordiv)
         eq = detect_linear_equation(expr, [var])
         if len(eq) != 2:
             return None  # not linear in var
@@ -327,6 +365,17 @@ def _contiguous_or_absent(blk, var) -> bool:
         if idx and coef(idx[-1]) not in (0, 1):
             return False
     return True
+
+
+def _replace_floordiv(expr, var, k):
+    """``expr`` with every ``var // k`` replaced by 0 (for linearity checks only)."""
+    from tvm import tirx
+
+    if isinstance(expr, tirx.FloorDiv) and expr.a.same_as(var) and _const(expr.b) == k:
+        return tirx.Sub(var, var)  # coefficient 0, same dtype
+    if isinstance(expr, (tirx.Add, tirx.Sub, tirx.Mul)):
+        return type(expr)(_replace_floordiv(expr.a, var, k), _replace_floordiv(expr.b, var, k))
+    return expr
 
 
 def _vectorize_inner(sch, loop, max_lanes: int) -> None:

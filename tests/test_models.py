@@ -41,7 +41,8 @@ def test_light_model_random_weights(name, tmp_path):
     src = tmp_path / f"{name}-random.onnx"
     onnx.save(randomize_weights(onnx.load(light_model_path(name)), seed=0), src)
     so = tmp_path / f"{name}.so"
-    deploytool.compile(src, output=so)
+    built = deploytool.compile(src, output=so)
+    assert all(rule != "none" for rule in built.schedules.values()), built.schedules  # grouped convs too
     res = deploytool.run(so, check=src, seed=1)
     assert res.ok, res.comparison
     (out,) = res.outputs.values()
