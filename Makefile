@@ -13,7 +13,7 @@ APT_PACKAGES := gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-lin
 # CI tier: everything but the long benchmarks. PYTEST_ARGS adds to it (e.g. -m fast).
 PYTEST_ARGS ?=
 
-.PHONY: setup toolchains demo test test-fast clean
+.PHONY: setup toolchains demo test test-fast bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ test: toolchains setup
 
 test-fast: setup
 	$(PY) -m pytest -m fast $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/untuned.py
 
 clean:
 	rm -rf $(OUT) .pytest_cache

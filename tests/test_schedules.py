@@ -11,14 +11,16 @@ from deploytool.schedules import cpu
 @pytest.mark.fast
 @pytest.mark.parametrize("C,W,lanes,regs,expect", [
     (64, 56, 16, 32, (32, 8)),     # AVX-512: two vectors x 8 rows
-    (64, 56, 8, 16, (16, 4)),      # AVX2: fewer registers, fewer rows
-    (1000, 13, 16, 32, (40, 1)),   # prime width: more vectors per tile instead of rows
-    (3, 224, 16, 32, (3, 8)),      # tiny channel counts still tile
+    (64, 56, 8, 16, (16, 4)),      # AVX2: half the registers, half the rows
+    (1000, 13, 16, 32, (8, 13)),   # 1000 = 8 x 125 lanes; prime width 13: all 13 rows, one vector
+    (3, 224, 16, 32, (3, 14)),     # tiny channel counts: one part-vector, many rows
 ])
 def test_register_tile(C, W, lanes, regs, expect):
     ci, wi = cpu._register_tile(C, W, lanes, regs)
     assert (ci, wi) == expect
     assert C % ci == 0 and W % wi == 0
+    vectors = -(-ci // lanes)
+    assert wi * vectors + vectors + 1 < regs  # accumulators + weight vectors + broadcast fit
 
 
 def _tiny_bert():
