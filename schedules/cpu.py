@@ -288,6 +288,7 @@ def tile_reduction(func, tvm_target, params: CPUParams):
         sch.unroll(wii)
     sch.unroll(cim)
     sch.vectorize(cii)
+
     # Write back the finished tile right after its reduction, and run what is left of the
     # epilogue on that tile.
     sch.reverse_compute_at(writeback, fused, preserve_unit_loops=True)
