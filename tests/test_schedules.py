@@ -38,6 +38,10 @@ def test_every_kernel_is_scheduled_and_correct(name, build, tmp_path):
     onnx.save(build(), src)
     res = deploytool.compile(src, output=tmp_path / f"{name}.so")
     assert res.schedules and all(rule != "none" for rule in res.schedules.values()), res.schedules
+    # convolutions and matmuls get the register-blocked rule itself, not the safety net (a bug in
+    # the rule would otherwise degrade silently to parallel_fallback)
+    heavy = {k: v for k, v in res.schedules.items() if "conv" in k or "matmul" in k}
+    assert heavy and all(v == "tile_reduction" for v in heavy.values()), heavy
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
