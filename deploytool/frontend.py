@@ -319,6 +319,20 @@ def _apply_input_shapes(model, overrides: dict[str, tuple[int, ...]], info: Mode
             f"fix them with {hints}")
 
 
+def _upgrade_old_slice(model, info: ModelInfo):
+    """Models below opset 10 give Slice its starts/ends as attributes, and TVM's converter for
+    that form is broken: convert such models to opset 10 with onnx's version converter (the
+    model is kept as it is when the converter cannot)."""
+    if not (0 < info.opset < 10) or not any(n.op_type == "Slice" for n in iter_nodes(model.graph)):
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, 10)
+    except Exception:  # the converter lacks an adapter for some op: import as it is
+        return model
+
+
 def rewrite_for_import(model) -> None:
     """ONNX-level rewrites, in place, that make the imported graph better:
 
@@ -327,8 +341,30 @@ def rewrite_for_import(model) -> None:
       and breaks layout conversion.
     * ``Dropout`` (inference) -> ``Identity`` when its mask is unused: TVM imports it as a tuple,
       which TVM's layout conversion cannot rewrite.
+    * opset < 7 ``PRelu`` with a 1-D slope of C = X.shape[1] values: the legacy per-channel slope
+      is reshaped to (C, 1, ..., 1), which means the same under every opset's broadcasting (TVM's
+      converter asserts on it).
     """
-    from onnx import helper
+    from onnx import helper, numpy_helper
+
+    opset = {o.domain: o.version for o in model.opset_import}.get("", 0) or 99
+    if opset < 7:
+        shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
+        inits = {t.name: t for t in model.graph.initializer}
+        for node in model.graph.node:
+            if node.op_type != "PRelu" or node.domain not in _STD_DOMAINS or len(node.input) < 2:
+                continue
+            x_shape, slope = shapes.get(node.input[0]), inits.get(node.input[1])
+            if not x_shape or len(x_shape) < 3 or slope is None or len(slope.dims) != 1:
+                continue
+            if slope.dims[0] != x_shape[1] or slope.dims[0] == x_shape[-1]:
+                continue
+            arr = numpy_helper.to_array(slope).reshape([x_shape[1]] + [1] * (len(x_shape) - 2))
+            name = f"{node.input[1]}__per_channel"
+            model.graph.initializer.append(numpy_helper.from_array(arr, name))
+            if model.ir_version < 4:
+                model.graph.input.append(helper.make_tensor_value_info(name, slope.data_type, list(arr.shape)))
+            node.input[1] = name
 
     def walk(graph):
         used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
@@ -370,6 +406,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     _apply_input_shapes(model, dict(input_shapes or {}), info)
     orig_inputs = [vi.name for vi in graph_inputs(model)]
     orig_outputs = [vi.name for vi in model.graph.output]
+    model = _upgrade_old_slice(model, info)
     rewrite_for_import(model)
     mapping = sanitize_names(model)
 
@@ -382,7 +419,8 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
         shape_dict[vi.name] = list(spec.shape)
         dtype_dict[vi.name] = spec.dtype
     try:
-        mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=info.opset or None,
+        opset = {o.domain: o.version for o in model.opset_import}.get("", info.opset)
+        mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset or None,
                         keep_params_in_input=False, sanitize_input_names=False)
     except Exception as e:  # the importer raises many kinds; keep one line
         raise ModelError(f"importing '{Path(path).name}' failed: {describe(e)}",

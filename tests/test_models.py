@@ -50,14 +50,11 @@ def test_light_model_random_weights(name, tmp_path):
     assert np.std(out) > 1e-3 * np.max(np.abs(out))  # the output varies: the check is meaningful
 
 
-# Reviewed expected failures: case -> reason. Each is an importer gap in TVM 0.27 that the
-# ONNX coverage issue (#3) fixes in deploytool's frontend.
-EXPECTED_FAILURES = {
-    "pytorch-converted/test_PReLU_1d_multiparam": "opset-6 PRelu slope broadcasts per channel; TVM's prelu asserts",
-    "pytorch-converted/test_PReLU_2d_multiparam": "opset-6 PRelu slope broadcasts per channel; TVM's prelu asserts",
-    "pytorch-converted/test_PReLU_3d_multiparam": "opset-6 PRelu slope broadcasts per channel; TVM's prelu asserts",
-    "pytorch-operator/test_operator_index": "opset-6 Slice takes starts/ends as attributes; the importer wants inputs",
-}
+# Reviewed expected failures: case -> reason. Empty now: the last four (opset-6 PRelu with a
+# per-channel slope, opset-6 Slice with attributes) are fixed by frontend rewrites. A case that
+# starts failing for a reason we accept goes here, with the reason; xfail is strict, so a fix
+# shows up and the entry must be removed.
+EXPECTED_FAILURES: dict[str, str] = {}
 
 CASES = [f"{kind}/{d.name}" for kind in ("pytorch-converted", "pytorch-operator") for d in node_case_dirs(kind)]
 
