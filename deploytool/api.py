@@ -104,7 +104,6 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
             tuning_log: str | Path | None = None, progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so."""
     from deploytool import pipeline
-    from deploytool.artifact import sha256_file
 
     tgt = _targets.load(target)
     if not tgt.available:

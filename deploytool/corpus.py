@@ -33,11 +33,16 @@ def light_model_path(name: str) -> Path:
 
 def light_model_output(name: str) -> np.ndarray:
     """The reference output shipped next to a light model."""
+    return _read_tensor(onnx_test_data_dir() / "light" / f"light_{name}_output_0.pb")
+
+
+def _read_tensor(path: Path) -> np.ndarray:
+    """A serialized onnx TensorProto (.pb) as an array."""
     import onnx
     from onnx import numpy_helper
 
     t = onnx.TensorProto()
-    t.ParseFromString((onnx_test_data_dir() / "light" / f"light_{name}_output_0.pb").read_bytes())
+    t.ParseFromString(Path(path).read_bytes())
     return numpy_helper.to_array(t)
 
 
@@ -49,21 +54,12 @@ def node_case_dirs(kind: str) -> list[Path]:
 
 def load_case_data(case_dir: Path, model) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """Inputs (by real input name) and reference outputs of a case's first test_data_set."""
-    import onnx
-    from onnx import numpy_helper
-
     from deploytool.frontend import graph_inputs
 
     ds = sorted(case_dir.glob("test_data_set_*"))[0]
-
-    def read(p):
-        t = onnx.TensorProto()
-        t.ParseFromString(p.read_bytes())
-        return numpy_helper.to_array(t)
-
     names = [vi.name for vi in graph_inputs(model)]
-    ins = [read(p) for p in sorted(ds.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
-    outs = [read(p) for p in sorted(ds.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
+    ins = [_read_tensor(p) for p in sorted(ds.glob("input_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
+    outs = [_read_tensor(p) for p in sorted(ds.glob("output_*.pb"), key=lambda p: int(p.stem.split("_")[1]))]
     return dict(zip(names, ins)), outs
 
 

@@ -37,7 +37,16 @@ class ModelInfo:
 
     @property
     def opset(self) -> int:
-        return self.opsets.get("", self.opsets.get("ai.onnx", 0))
+        return _default_domain(self.opsets)
+
+
+def _default_domain(opsets: dict[str, int]) -> int:
+    return opsets.get("", opsets.get("ai.onnx", 0))
+
+
+def default_opset(model) -> int:
+    """The model's opset of the default (ai.onnx) domain; 0 when it declares none."""
+    return _default_domain({o.domain: o.version for o in model.opset_import})
 
 
 @dataclass
@@ -347,7 +356,7 @@ def rewrite_for_import(model) -> None:
     """
     from onnx import helper, numpy_helper
 
-    opset = {o.domain: o.version for o in model.opset_import}.get("", 0) or 99
+    opset = default_opset(model) or 99
     if opset < 7:
         shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in model.graph.input}
         inits = {t.name: t for t in model.graph.initializer}
@@ -419,8 +428,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
         shape_dict[vi.name] = list(spec.shape)
         dtype_dict[vi.name] = spec.dtype
     try:
-        opset = {o.domain: o.version for o in model.opset_import}.get("", info.opset)
-        mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=opset or None,
+        mod = from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict, opset=default_opset(model) or None,
                         keep_params_in_input=False, sanitize_input_names=False)
     except Exception as e:  # the importer raises many kinds; keep one line
         raise ModelError(f"importing '{Path(path).name}' failed: {describe(e)}",

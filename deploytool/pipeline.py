@@ -8,18 +8,16 @@
 
 from __future__ import annotations
 
-import json
+import logging
 import os
 import shutil
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import logging
-
-from deploytool.artifact import FORMAT, Artifact, TensorSpec, metadata_c_source, sha256_file
+from deploytool.artifact import FORMAT, Artifact, TensorSpec, metadata_c_source
 from deploytool.errors import BuildError, TargetError, ToolchainError, describe
 from deploytool.targets import Target
 
@@ -109,7 +107,7 @@ def tasks(mod) -> list[Task]:
             gv = expr.args[0]
             calls[gv.name_hint] = calls.get(gv.name_hint, 0) + 1
 
-    for gv, func in mod.functions.items():
+    for func in mod.functions.values():
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     out = []

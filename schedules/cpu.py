@@ -168,6 +168,19 @@ def _inline_producers(sch, block, keep_padding: bool = False) -> list:
     return kept
 
 
+def _inline_spatial_intermediates(sch, root, keep: list = ()) -> None:
+    """compute_inline every spatial block under ``root`` that is neither an output nor in
+    ``keep``, where TVM allows it."""
+    skip = [sch.get(b) for b in keep] + [sch.get(b) for b in sch.get_output_blocks(root)]
+    for b in sch.get_child_blocks(root):
+        if any(sch.get(b).same_as(k) for k in skip) or not _is_spatial_block(sch, b):
+            continue
+        try:
+            sch.compute_inline(b)
+        except Exception:
+            pass
+
+
 def _reverse_inline_consumers(sch, block) -> None:
     """Inline the elementwise consumer chain of ``block`` into it (reverse_compute_inline), one
     consumer at a time, and only while the consumer is the sole reader of ``block``'s output and
@@ -191,16 +204,7 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
     """The rest of an epilogue that could not be inlined into the write-back: inline its inner
     elementwise blocks into their consumers, then compute what is left on each finished tile."""
     keep_ids = [sch.get(b) for b in keep]
-    outputs = [sch.get(b) for b in sch.get_output_blocks(root)]
-    for b in sch.get_child_blocks(root):
-        blk = sch.get(b)
-        if any(blk.same_as(k) for k in keep_ids) or any(blk.same_as(o) for o in outputs):
-            continue
-        if _is_spatial_block(sch, b):
-            try:
-                sch.compute_inline(b)
-            except Exception:
-                pass
+    _inline_spatial_intermediates(sch, root, keep)
     loop_sref = sch.get_sref(loop)
     for b in sch.get_child_blocks(root):
         blk = sch.get(b)
@@ -215,10 +219,11 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
 # --------------------------------------------------------------------------- rule 1
 def tile_reduction(func, tvm_target, params: CPUParams):
     """Register-blocked reduction: conv2d NHWC / depthwise, matmul, pooling."""
-    from tvm import s_tir, tirx
+    from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    blocks = sch.get_child_blocks(sch.get_sblock("root") if _has_root(sch) else None)
+    root = sch.get_sblock("root")
+    blocks = sch.get_child_blocks(root)
     reds = [b for b in blocks if any(k == 2 for k in _iter_kinds(sch, b))]
     if len(reds) != 1:
         return None
@@ -296,7 +301,6 @@ def tile_reduction(func, tvm_target, params: CPUParams):
     # epilogue on that tile.
     sch.reverse_compute_at(writeback, fused, preserve_unit_loops=True)
     _vectorize_inner(sch, sch.get_loops(writeback)[-1], lanes * 4)
-    root = sch.get_sblock("root")
     if len(sch.get_child_blocks(root)) > 2 + len(pads):
         _epilogue_at(sch, root, [red, writeback] + pads, fused, params)
     if r_loops:
@@ -358,14 +362,6 @@ def _is_depthwise(sch, red) -> bool:
     return pad_hit and other_hit
 
 
-def _has_root(sch) -> bool:
-    try:
-        sch.get_sblock("root")
-        return True
-    except Exception:
-        return False
-
-
 def _floordivs(expr, var) -> list[int]:
     """Constant divisors k of every ``var // k`` inside ``expr``."""
     from tvm import tirx
@@ -394,7 +390,6 @@ def _contiguous_or_absent(blk, var, ignore_floordiv: int | None = None) -> bool:
     """Every read indexes ``var`` only in its last dimension with coefficient 1, or not at all:
     the vectorized axis then loads contiguous vectors or broadcasts. With ``ignore_floordiv=k``,
     ``var // k`` counts as constant (a grouped convolution's input channel, tiled per group)."""
-    from tvm import tirx
     from tvm.sym import detect_linear_equation
 
     def coef(expr) -> int | None:
@@ -490,17 +485,10 @@ def injective(func, tvm_target, params: CPUParams):
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    root = sch.get_sblock("root") if _has_root(sch) else None
-    blocks = sch.get_child_blocks(root)
-    if any(not _is_spatial_block(sch, b) for b in blocks):
+    root = sch.get_sblock("root")
+    if any(not _is_spatial_block(sch, b) for b in sch.get_child_blocks(root)):
         return None
-    outputs = {sch.get(b).name_hint for b in sch.get_output_blocks(root)} if root is not None else set()
-    for b in blocks:
-        if sch.get(b).name_hint not in outputs:
-            try:
-                sch.compute_inline(b)
-            except Exception:
-                pass
+    _inline_spatial_intermediates(sch, root)
     for b in sch.get_child_blocks(root):
         _parallel_vectorize(sch, b, params)
     return sch
@@ -513,13 +501,7 @@ def parallel_fallback(func, tvm_target, params: CPUParams):
 
     sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
-    outputs = [sch.get(b) for b in sch.get_output_blocks(root)]
-    for b in sch.get_child_blocks(root):
-        if _is_spatial_block(sch, b) and not any(sch.get(b).same_as(o) for o in outputs):
-            try:
-                sch.compute_inline(b)
-            except Exception:
-                pass
+    _inline_spatial_intermediates(sch, root)
     done = False
     for b in sch.get_child_blocks(root):
         kinds = _iter_kinds(sch, b)

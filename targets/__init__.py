@@ -200,7 +200,6 @@ def physical_cores() -> int:
 def _detect_host(data: dict[str, Any], cpuinfo: str | None) -> dict[str, Any]:
     """Fill mcpu, features and cores from this machine. TVM's mcpu=native silently falls back
     to a generic CPU in 0.27, so the CPU name comes from LLVM's host detection instead."""
-    import tvm
     from tvm.target import codegen
 
     arch = host_arch()

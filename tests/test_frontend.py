@@ -20,7 +20,6 @@ def test_sanitize_gives_unique_c_identifiers(tmp_path):
 
 
 def test_sanitize_resolves_collisions(tmp_path):
-    import onnx
     from onnx import TensorProto, helper
 
     g = helper.make_graph([helper.make_node("Relu", ["a/b"], ["a_b"]), helper.make_node("Relu", ["a_b"], ["1x"])], "g",
