@@ -19,7 +19,7 @@ import numpy as np
 
 from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
-from deploytool.errors import CheckError, DeploytoolError, ShapeError
+from deploytool.errors import CheckError, DeploytoolError, InputError, ShapeError
 from deploytool.frontend import ModelInfo, import_onnx, load_onnx, model_info, parse_input_shapes
 from deploytool.pipeline import Task
 from deploytool.reference import OutputComparison, compare, ort_run, ort_session
@@ -30,6 +30,16 @@ Progress = Callable[[str], None]
 
 def _noop(_msg: str) -> None:
     pass
+
+
+def _require(ok: bool, what: str, value, rule: str) -> None:
+    """One-line InputError for a nonsensical numeric option."""
+    if not ok:
+        raise InputError(f"{what} {value} is not allowed", f"pass {rule}")
+
+
+def _check_threads(threads) -> None:
+    _require(threads is None or threads >= 1, "--threads", threads, "a whole number of threads >= 1")
 
 
 def _shapes(input_shapes) -> dict[str, tuple[int, ...]]:
@@ -175,6 +185,8 @@ def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, 
     """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``."""
     from deploytool.inputs import save_outputs
 
+    _check_threads(threads)
+    _require(rtol > 0 and rtol == rtol and rtol != float("inf"), "--rtol", rtol, "a finite tolerance > 0, e.g. 1e-4")
     art = Artifact.open(artifact)
     feed = _inputs_for(art, inputs, seed)
     runner = LocalRunner(art, threads=threads)
@@ -227,6 +239,9 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
           repeats: int = 20, min_seconds: float = 0.5, threads: int | None = None, seed: int = 0) -> BenchResult:
     """Latency of an artifact (min/median/p90); with ``compare``, onnxruntime on the same inputs and
     the same number of threads, in the same run."""
+    _check_threads(threads)
+    _require(repeats >= 1, "--repeats", repeats, "at least 1 timed run")
+    _require(warmup >= 0, "--warmup", warmup, "0 or more warm-up runs")
     art = Artifact.open(artifact)
     threads = threads or _targets.physical_cores()
     feed = _inputs_for(art, inputs, seed)

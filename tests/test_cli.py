@@ -178,3 +178,14 @@ def test_error_npz_not_a_file(cli, built, tmp_path):
 def test_verbose_shows_traceback(cli, tmp_path):
     r = cli("--verbose", "compile", tmp_path / "nope.onnx")
     assert r.code == 2 and "Traceback" in r.err and "deploytool: error:" in r.err
+
+
+@pytest.mark.parametrize("cmd,flags,needle", [
+    ("run", ["--threads", "0"], "--threads 0"),
+    ("run", ["--rtol", "-1"], "--rtol -1.0"),
+    ("bench", ["--threads", "-2"], "--threads -2"),
+    ("bench", ["--repeats", "0"], "--repeats 0"),
+    ("bench", ["--warmup", "-1"], "--warmup -1"),
+])
+def test_error_bad_numeric_options(cli, built, cmd, flags, needle):
+    assert_one_line_error(cli(cmd, built, *flags), needle, "pass ")
