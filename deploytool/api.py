@@ -1,7 +1,10 @@
 """The Python API. Each CLI command is one function here, with the same arguments:
 
     inspect(model)                      -> InspectResult
-    compile(model, target, output)      -> CompileResult
+    compile(model, target, output)      -> CompileResult   (--tuning-log, --require-tuned)
+    tune(model, target, output)         -> TuneResult      (appends to / resumes a tuning log)
+    logs_show / logs_merge / logs_prune / logs_check       (tuning logs)
+    report(log, output)                 -> Path            (tuning curves as a PNG)
     run(artifact, inputs, check)        -> RunResult
     bench(artifact, compare)            -> BenchResult
 
@@ -19,7 +22,7 @@ import numpy as np
 
 from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
-from deploytool.errors import CheckError, DeploytoolError, InputError, ShapeError
+from deploytool.errors import CheckError, InputError, ShapeError
 from deploytool.frontend import ModelInfo, import_onnx, load_onnx, model_info, parse_input_shapes
 from deploytool.pipeline import Task
 from deploytool.reference import OutputComparison, compare, ort_run, ort_session
@@ -111,16 +114,24 @@ class CompileResult:
 
 
 def compile(model: str | Path, *, target: str = "x86", output: str | Path = "model.so", input_shapes=None,
-            tuning_log: str | Path | None = None, progress: Progress = _noop) -> CompileResult:
-    """Import, optimize, partition, schedule and build ``model`` into one self-describing .so."""
+            tuning_log: str | Path | None = None, require_tuned: bool = False,
+            progress: Progress = _noop) -> CompileResult:
+    """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
+    With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
+    ``require_tuned`` makes a kernel without a record an error that lists them all."""
     from deploytool import pipeline
+    from deploytool.tuninglog import TuningLog
 
     tgt = _targets.load(target)
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
+    if require_tuned and tuning_log is None:
+        raise InputError("--require-tuned needs a tuning log", "pass --tuning-log LOG.jsonl")
+    tlog = None
     if tuning_log is not None:
-        raise DeploytoolError("--tuning-log is not supported yet", "compile without it; tuning lands with issue #5")
+        tlog = TuningLog.read(tuning_log)
+        tlog.check_target(tgt)
     times: dict[str, float] = {}
 
     def stage(name, fn, *a):
@@ -136,14 +147,20 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
     sched: dict[str, str] = {}
-    mod = stage("schedule", pipeline.schedule, mod, tgt, sched)
+    mod = stage("schedule", pipeline.schedule, mod, tgt, sched, tlog, require_tuned)
+    if tlog is not None:
+        n = sum(1 for v in sched.values() if v == "tuned")
+        progress(f"{n} of {len(sched)} kernels from tuning log {Path(tuning_log).name}"
+                 + (f"; {len(sched) - n} with default schedules" if n < len(sched) else ""))
     unscheduled = sorted(k for k, v in sched.items() if v == "none")
     if unscheduled:
         progress(f"warning: {len(unscheduled)} kernel(s) have no default schedule and run unoptimized: "
                  + ", ".join(unscheduled[:5]) + (" ..." if len(unscheduled) > 5 else ""))
     ex = stage("build", pipeline.build, mod, tgt)
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
-                                  onnx_sha256=imported.info.sha256, tuning_log_sha256=None, tasks_=task_list)
+                                  onnx_sha256=imported.info.sha256,
+                                  tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
+                                  extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned")})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
     return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
 
@@ -263,6 +280,90 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
     runner = LocalRunner(art, threads=threads)
     ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     return BenchResult(artifact=str(artifact), threads=threads, deploytool=ours, onnxruntime=theirs, warnings=warnings)
+
+
+# ----------------------------------------------------------------------------- tune
+def default_log_name(model: str | Path, target: str) -> str:
+    return f"{Path(model).stem}-{target}.jsonl"
+
+
+def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
+         trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
+         input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
+         on_progress=None, progress: Progress = _noop):
+    """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
+    (appended and flushed as they arrive). Rerunning the same command resumes."""
+    from deploytool import pipeline
+    from deploytool.measure import MeasureSettings
+    from deploytool.tune import TuneOptions
+    from deploytool.tune import tune as _tune
+
+    _require(trials is None or trials >= 0, "--trials", trials, "a number of trials >= 0")
+    _require(trials_per_task is None or trials_per_task >= 1, "--trials-per-task", trials_per_task,
+             "a number of trials >= 1")
+    _require(batch is None or batch >= 1, "--batch", batch, "a batch size >= 1")
+    _require(early_stop is None or early_stop >= 0, "--early-stop", early_stop, "0 (off) or a number of trials")
+    _require(workers is None or workers >= 1, "--workers", workers, "a number of build workers >= 1")
+    tgt = _targets.load(target)
+    if not tgt.available:
+        raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
+                                   "tune for an x86 or arm preset (see `deploytool targets`)")
+    output = Path(output) if output is not None else Path(default_log_name(model, target))
+    imported = import_onnx(model, _shapes(input_shapes))
+    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt)
+    task_list = pipeline.tasks(mod)
+    progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}")
+    opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
+                       seed=seed, workers=workers, measure=measure or MeasureSettings(),
+                       **({"objective": objective} if objective else {}))
+    return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
+                 model={"file": Path(model).name, "sha256": imported.info.sha256})
+
+
+# ----------------------------------------------------------------------------- logs
+def logs_show(log: str | Path):
+    from deploytool import logs
+    from deploytool.tuninglog import TuningLog
+
+    return logs.stats(TuningLog.read(log))
+
+
+def logs_merge(inputs: list[str | Path], output: str | Path):
+    from deploytool import logs
+    from deploytool.tuninglog import TuningLog
+
+    return logs.stats(logs.merge([TuningLog.read(p) for p in inputs], output))
+
+
+def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = None):
+    """Keep the ``keep`` best records per workload. Returns (stats, records dropped)."""
+    from deploytool import logs
+    from deploytool.tuninglog import TuningLog
+
+    new, dropped = logs.prune(TuningLog.read(log), keep, output)
+    return logs.stats(new), dropped
+
+
+def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None):
+    """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target)."""
+    from deploytool import logs, pipeline
+    from deploytool.tuninglog import TuningLog
+
+    tlog = TuningLog.read(log)
+    tgt = _targets.load(target)
+    tlog.check_target(tgt)
+    imported = import_onnx(model, _shapes(input_shapes))
+    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt))
+    return logs.coverage(tlog, task_list)
+
+
+def report(log: str | Path, *, output: str | Path | None = None) -> Path:
+    """Tuning curves of a log as a PNG (default: next to the log)."""
+    from deploytool import logs
+    from deploytool.tuninglog import TuningLog
+
+    tlog = TuningLog.read(log)
+    return logs.plot(tlog, output or Path(log).with_suffix(".png"))
 
 
 def metadata(artifact: str | Path) -> dict[str, Any]:

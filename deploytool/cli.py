@@ -87,7 +87,7 @@ def cmd_compile(args) -> int:
 
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
-                    tuning_log=args.tuning_log, progress=prog)
+                    tuning_log=args.tuning_log, require_tuned=args.require_tuned, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     print(f"wrote {r.artifact.path} ({_fmt_bytes(r.artifact.path.stat().st_size)}, {len(r.tasks)} kernels, "
           f"target {r.artifact.target['name']}) in {r.seconds:.1f}s [{stages}]")
@@ -95,7 +95,7 @@ def cmd_compile(args) -> int:
         from collections import Counter
 
         counts = Counter(r.schedules.values())
-        print("default schedules: " + ", ".join(f"{n} {rule}" for rule, n in counts.most_common()))
+        print("schedules: " + ", ".join(f"{n} {rule}" for rule, n in counts.most_common()))
     return 0
 
 
@@ -153,6 +153,131 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _ms(s) -> str:
+    return "-" if s is None or s == float("inf") else f"{s * 1e3:.3f}"
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(s)
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+class _TuneView:
+    """The live view: one line per round (a redrawn table of the heaviest tasks on a terminal)."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.drawn = 0
+
+    def __call__(self, p) -> None:
+        if self.quiet:
+            return
+        t = p.tasks[p.current]
+        head = (f"[{p.trials_done:5d}/{p.trials_budget} trials, {_dur(p.elapsed_s)}, left ~{_dur(p.eta_s)}] "
+                f"est. end-to-end {p.est_tuned_s * 1e3:.2f} ms (untuned {p.est_untuned_s * 1e3:.2f} ms)")
+        if not self.tty:
+            print(f"{head} | {t.name[:40]}: {_ms(t.best_s)} ms (untuned {_ms(t.default_s)}), {t.trials} trials"
+                  + (f", {t.done}" if t.done else ""), file=sys.stderr, flush=True)
+            return
+        rows = sorted(p.tasks, key=lambda s: -(s.best_s if s.best_s < float("inf") else 0) * s.calls)[:12]
+        lines = [head, f"  {'kernel':42s} {'calls':>5s} {'untuned ms':>10s} {'best ms':>9s} {'trials':>6s}  state"]
+        for s in rows:
+            mark = ">" if s is t else " "
+            lines.append(f"{mark} {s.name[:42]:42s} {s.calls:5d} {_ms(s.default_s):>10s} {_ms(s.best_s):>9s} "
+                         f"{s.trials:6d}  {s.done or 'tuning'}")
+        if self.drawn:
+            sys.stderr.write(f"\x1b[{self.drawn}F\x1b[J")
+        sys.stderr.write("\n".join(lines) + "\n")
+        sys.stderr.flush()
+        self.drawn = len(lines)
+
+
+def cmd_tune(args) -> int:
+    from deploytool import api
+    from deploytool.measure import MeasureSettings
+
+    prog = _Progress(args.quiet)
+    measure = MeasureSettings(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, cache_flush=args.cache_flush)
+    r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
+                 trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
+                 input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
+                 on_progress=_TuneView(args.quiet), progress=prog)
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=1))
+    else:
+        print(f"{'kernel':44s} {'calls':>5s} {'GFLOP':>7s} {'untuned ms':>10s} {'tuned ms':>9s} {'speedup':>7s} "
+              f"{'trials':>6s}  stopped")
+        for t in sorted(r.tasks, key=lambda s: -s.default_s * s.calls if s.default_s < float("inf") else 0):
+            sp = f"{t.speedup:.2f}x" if t.speedup == t.speedup else "-"
+            print(f"{t.name[:44]:44s} {t.calls:5d} {t.flops / 1e9:7.3f} {_ms(t.default_s):>10s} {_ms(t.best_s):>9s} "
+                  f"{sp:>7s} {t.trials:6d}  {t.done}")
+        print(f"estimated end to end (sum of kernels x calls): untuned {r.est_untuned_s * 1e3:.3f} ms -> tuned "
+              f"{r.est_tuned_s * 1e3:.3f} ms ({r.est_untuned_s / r.est_tuned_s if r.est_tuned_s else float('nan'):.2f}x)")
+        sec = r.seconds
+        print(f"{r.trials_new} new trials in {_dur(sec['total'])}: " + ", ".join(
+            f"{k} {v:.1f}s" for k, v in sec.items() if k != "total"))
+        print(f"log: {r.log_path}" + (f" (resumed from {r.resumed_records} records)" if r.resumed_records else ""))
+    if args.plot:
+        out = api.report(r.log_path, output=args.plot)
+        print(f"wrote {out}")
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from deploytool import api
+
+    if args.logs_command == "show":
+        st = api.logs_show(args.log)
+    elif args.logs_command == "merge":
+        st = api.logs_merge(args.logs, args.output)
+        print(f"wrote {args.output}")
+    elif args.logs_command == "prune":
+        st, dropped = api.logs_prune(args.log, keep=args.keep, output=args.output)
+        print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
+    else:
+        cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape)
+        if args.json:
+            print(json.dumps({"covered": cov.covered, "missing": cov.missing}, indent=1))
+        else:
+            print(f"{len(cov.covered)} of {len(cov.covered) + len(cov.missing)} kernels covered")
+            for m in cov.missing:
+                print(f"  missing: {m}")
+        if not cov.ok:
+            from deploytool.errors import CheckError
+
+            raise CheckError(f"tuning log {args.log} lacks {len(cov.missing)} kernel(s) of {args.model}",
+                             "tune them: rerun `deploytool tune` with this log as --output")
+        return 0
+    if args.json:
+        print(json.dumps(st.to_dict(), indent=1))
+        return 0
+    h = st.header
+    print(f"log        {st.path} (sha256 {st.sha256[:16]})")
+    print(f"target     {h.get('target', {}).get('name')}   device {h.get('device', {}).get('cpu', '?')} "
+          f"({h.get('device', {}).get('threads', '?')} threads){'   EMULATED' if h.get('emulated') else ''}")
+    print(f"made by    deploytool {h.get('deploytool')}, TVM {h.get('tvm')}, {h.get('created')}"
+          + (f"; model {h['model']['file']}" if h.get("model") else ""))
+    print(f"records    {st.records} in {len(st.workloads)} workloads"
+          + (f"; {st.skipped_lines} corrupted line(s) skipped" if st.skipped_lines else ""))
+    print(f"  {'kernel':44s} {'calls':>5s} {'records':>7s} {'failed':>6s} {'untuned ms':>10s} {'best ms':>9s} "
+          f"{'speedup':>7s}")
+    for w in st.workloads:
+        sp = f"{w.speedup:.2f}x" if w.speedup else "-"
+        print(f"  {w.name[:44]:44s} {w.calls:5d} {w.records:7d} {w.failures:6d} {_ms(w.default_s):>10s} "
+              f"{_ms(w.best_s):>9s} {sp:>7s}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from deploytool import api
+
+    print(f"wrote {api.report(args.log, output=args.output)}")
+    return 0
+
+
 def cmd_targets(args) -> int:
     from deploytool import api
 
@@ -192,9 +317,59 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="x86", help="target preset or preset .json (see 'deploytool targets')")
     s.add_argument("-o", "--output", default="model.so", help="output .so (default: model.so)")
     shape_arg(s)
-    s.add_argument("--tuning-log", help="apply the best records of a tuning log")
+    s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
+    s.add_argument("--require-tuned", action="store_true",
+                   help="fail (exit 2, listing them) if any kernel has no record in the tuning log: the CI mode")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(fn=cmd_compile)
+
+    s = sub.add_parser("tune", help="tune every kernel of a model; records go to a tuning log (resumable)")
+    s.add_argument("model")
+    s.add_argument("--target", default="x86", help="target preset (default: x86, this machine)")
+    s.add_argument("-o", "--output", help="tuning log (.jsonl) to append to; default MODEL-TARGET.jsonl. "
+                   "Rerunning with the same log resumes")
+    s.add_argument("--trials", type=int, help="total search trials over all kernels (default: per task x kernels)")
+    s.add_argument("--trials-per-task", type=int, help="search trials per kernel (default: 64 on CPUs)")
+    s.add_argument("--batch", type=int, help="candidates per round (default: 16)")
+    s.add_argument("--early-stop", type=int, help="stop a kernel after this many trials without a 1%% gain "
+                   "(default: 48; 0: never)")
+    s.add_argument("--workers", type=int, help="parallel build processes (default: physical cores)")
+    s.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate (default: 3)")
+    s.add_argument("--min-repeat-ms", type=int, default=10, help="each repeat runs at least this long (default: 10)")
+    s.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
+    shape_arg(s)
+    s.add_argument("--json", action="store_true", help="machine-readable summary")
+    s.add_argument("-q", "--quiet", action="store_true", help="no live view")
+    s.set_defaults(fn=cmd_tune)
+
+    s = sub.add_parser("logs", help="tuning logs: show, merge, prune, check")
+    lsub = s.add_subparsers(dest="logs_command", required=True, metavar="ACTION")
+    a = lsub.add_parser("show", help="statistics per kernel")
+    a.add_argument("log")
+    a.add_argument("--json", action="store_true")
+    a = lsub.add_parser("merge", help="combine logs of one target from several runs or machines")
+    a.add_argument("logs", nargs="+")
+    a.add_argument("-o", "--output", required=True)
+    a.add_argument("--json", action="store_true")
+    a = lsub.add_parser("prune", help="keep the best K records per kernel (and its untuned baseline)")
+    a.add_argument("log")
+    a.add_argument("--keep", type=int, default=1)
+    a.add_argument("-o", "--output", help="write here instead of rewriting the log")
+    a.add_argument("--json", action="store_true")
+    a = lsub.add_parser("check", help="does the log cover every kernel of a model for a target? (exit 1 if not)")
+    a.add_argument("log")
+    a.add_argument("model")
+    a.add_argument("--target", default="x86")
+    shape_arg(a)
+    a.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_logs)
+
+    s = sub.add_parser("report", help="draw a tuning log's curves (best latency vs trials) as a PNG")
+    s.add_argument("log")
+    s.add_argument("-o", "--output", help="PNG path (default: the log's name with .png)")
+    s.set_defaults(fn=cmd_report)
 
     def io_args(sp):
         sp.add_argument("--inputs", help=".npz with one array per input name (default: seeded random)")
@@ -241,6 +416,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("deploytool: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `deploytool logs show LOG | head`
+        sys.stderr.close()
+        return 0
     except Exception as e:  # a bug: say so in one line, with the traceback under --verbose
         if args.verbose:
             traceback.print_exc()

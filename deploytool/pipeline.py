@@ -98,8 +98,6 @@ def tasks(mod) -> list[Task]:
     import tvm
     from tvm import relax, tirx
     from tvm.s_tir.analysis import estimate_tir_flops
-    import tvm_ffi
-
     calls: dict[str, int] = {}
 
     def visit(expr):
@@ -117,17 +115,74 @@ def tasks(mod) -> list[Task]:
                 flops = float(estimate_tir_flops(tvm.IRModule({"main": func})))
             except Exception:
                 flops = 0.0
-            h = tvm_ffi.structural_hash(func.without_attr("global_symbol")) & 0xFFFFFFFFFFFFFFFF
-            out.append(Task(name=gv.name_hint, workload_hash=f"{h:016x}", flops=flops, calls=calls.get(gv.name_hint, 0)))
+            out.append(Task(name=gv.name_hint, workload_hash=workload_hash(func), flops=flops,
+                            calls=calls.get(gv.name_hint, 0)))
     out.sort(key=lambda t: -t.flops * max(t.calls, 1))
     return out
 
 
-def schedule(mod, target: Target, report: dict | None = None):
-    """Apply schedules to every task. Default (untuned) schedules come from schedules/;
-    ``report`` receives kernel name -> the rule that scheduled it ("none": left as legalized)."""
+def workload_hash(func) -> str:
+    """A kernel's identity: the structural hash of its unscheduled TIR (name excluded)."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None, require_tuned: bool = False):
+    """Schedule every task that has a record in ``tuning_log`` with its best record's trace.
+    ``report`` gets kernel name -> "tuned". With ``require_tuned``, a task without a record is a
+    TuningLogError naming every such kernel (CI mode)."""
+    from tvm import s_tir, tirx
+
+    from deploytool.tuninglog import TuningLogError
+
+    tuning_log.check_target(target)
+    best = tuning_log.best_by_workload()
+    missing, updated = [], {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
+            continue
+        rec = best.get(workload_hash(func))
+        if rec is None:
+            missing.append(gv.name_hint)
+            continue
+        try:
+            sch = s_tir.Schedule(tvm_module_of(func))
+            s_tir.Trace.apply_json_to_schedule(rec.trace, sch)
+        except Exception as e:
+            log.warning("record for %s does not apply (%s): default schedule used", gv.name_hint, describe(e))
+            missing.append(gv.name_hint)
+            continue
+        new = sch.mod["main"].without_attr("global_symbol")
+        if func.attrs is not None and "global_symbol" in func.attrs:
+            new = new.with_attr("global_symbol", func.attrs["global_symbol"])
+        updated[gv] = new.with_attr("tirx.is_scheduled", True)
+        if report is not None:
+            report[gv.name_hint] = "tuned"
+    if missing and require_tuned:
+        raise TuningLogError(
+            f"{len(missing)} kernel(s) have no record in tuning log '{tuning_log.path}': "
+            + ", ".join(sorted(missing)[:8]) + (" ..." if len(missing) > 8 else ""),
+            "tune them (`deploytool tune` with the same log resumes it), or drop --require-tuned")
+    for gv, func in updated.items():
+        mod[gv] = func
+    return mod, sorted(missing)
+
+
+def tvm_module_of(func):
+    import tvm
+
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, require_tuned: bool = False):
+    """Apply schedules to every task: the tuning log's best record where it has one, else the
+    default (untuned) schedule from schedules/. ``report`` receives kernel name -> "tuned" or
+    the default rule that scheduled it ("none": left as legalized)."""
     from deploytool import schedules
 
+    if tuning_log is not None:
+        mod, _ = apply_tuning_log(mod, target, tuning_log, report, require_tuned)
     return schedules.apply_defaults(mod, target, report)
 
 

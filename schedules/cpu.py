@@ -68,10 +68,10 @@ def schedule_func(func, tvm_target, params: CPUParams, name: str = ""):
     """(new PrimFunc, rule name) from the first rule that schedules ``func``; (None, "none")."""
     from tvm import s_tir
 
-    for rule in (tile_reduction, row_reduction, injective, parallel_fallback):
+    for rule in RULES:
         try:
             with tvm_target:
-                sch = rule(func, tvm_target, params)
+                sch = rule(s_tir.Schedule(func), tvm_target, params)
         except Exception as e:  # this rule does not fit this kernel: try the next
             log.debug("rule %s failed on %s: %s", rule.__name__, name, e)
             continue
@@ -217,11 +217,9 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
 
 
 # --------------------------------------------------------------------------- rule 1
-def tile_reduction(func, tvm_target, params: CPUParams):
+def tile_reduction(sch, tvm_target, params: CPUParams):
     """Register-blocked reduction: conv2d NHWC / depthwise, matmul, pooling."""
-    from tvm import s_tir
 
-    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
     reds = [b for b in blocks if any(k == 2 for k in _iter_kinds(sch, b))]
@@ -434,14 +432,12 @@ def _vectorize_inner(sch, loop, max_lanes: int) -> None:
 
 
 # --------------------------------------------------------------------------- rule 2
-def row_reduction(func, tvm_target, params: CPUParams):
+def row_reduction(sch, tvm_target, params: CPUParams):
     """Kernels that reduce the trailing axes of rows (softmax, layer/group norm, means): every
     block is computed once per row at the row loop, rows run in parallel, elementwise parts
     are vectorized. (dlight's CPU Reduction rule recomputes the reductions once per output
     element: quadratic on a 1000-way softmax.)"""
-    from tvm import s_tir
 
-    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     blocks = sch.get_child_blocks(root)
     reds = [b for b in blocks if any(k == 2 for k in _iter_kinds(sch, b))]
@@ -480,11 +476,9 @@ def row_reduction(func, tvm_target, params: CPUParams):
 
 
 # --------------------------------------------------------------------------- rule 3
-def injective(func, tvm_target, params: CPUParams):
+def injective(sch, tvm_target, params: CPUParams):
     """Elementwise / injective kernels: inline, then parallel outer loops and vector inner."""
-    from tvm import s_tir
 
-    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     if any(not _is_spatial_block(sch, b) for b in sch.get_child_blocks(root)):
         return None
@@ -495,11 +489,9 @@ def injective(func, tvm_target, params: CPUParams):
 
 
 # --------------------------------------------------------------------------- rule 4
-def parallel_fallback(func, tvm_target, params: CPUParams):
+def parallel_fallback(sch, tvm_target, params: CPUParams):
     """Inline spatial intermediates, then parallelize each block's leading spatial loops."""
-    from tvm import s_tir
 
-    sch = s_tir.Schedule(func)
     root = sch.get_sblock("root")
     _inline_spatial_intermediates(sch, root)
     done = False
@@ -520,3 +512,8 @@ def parallel_fallback(func, tvm_target, params: CPUParams):
             sch.parallel(fused)
             done = True
     return sch if done else None
+
+
+# In the order they are tried; each takes a fresh tirx Schedule of one kernel and returns it
+# scheduled, or None when the kernel is not its kind.
+RULES = (tile_reduction, row_reduction, injective, parallel_fallback)

@@ -1,0 +1,164 @@
+"""The XGBoost ranking model and its MetaSchedule adapter."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from deploytool.cost_model import features as F
+
+log = logging.getLogger(__name__)
+
+FAILED = 1e10
+
+
+def normalized_throughput(latencies: np.ndarray) -> np.ndarray:
+    """best / latency per candidate of ONE kernel (failures and inf: 0)."""
+    lat = np.asarray(latencies, dtype=np.float64)
+    ok = np.isfinite(lat) & (lat < FAILED) & (lat > 0)
+    if not ok.any():
+        return np.zeros_like(lat)
+    best = lat[ok].min()
+    return np.where(ok, best / np.where(ok, lat, 1.0), 0.0)
+
+
+class XGBCostModel:
+    """Gradient-boosted trees over candidate features; data grouped by kernel (workload)."""
+
+    def __init__(self, objective: str = "rank:pairwise", nthread: int | None = None, seed: int = 0,
+                 num_rounds: int = 200, max_depth: int = 8, eta: float = 0.2):
+        self.objective = objective
+        self.params = {"objective": objective, "max_depth": max_depth, "eta": eta, "min_child_weight": 0,
+                       "gamma": 0.0001, "subsample": 1.0, "seed": seed, "verbosity": 0,
+                       "nthread": nthread or (os.cpu_count() or 1), "tree_method": "hist"}
+        if objective.startswith("rank:"):
+            self.params["lambdarank_pair_method"] = "topk"
+            self.params["lambdarank_num_pair_per_sample"] = 8
+        self.num_rounds = num_rounds
+        self.groups: dict[str, tuple[list[np.ndarray], list[float]]] = {}
+        self.booster = None
+        self.trained_on = 0
+        self.fit_seconds = 0.0
+
+    # ------------------------------------------------------------------ data
+    @property
+    def size(self) -> int:
+        return sum(len(v[1]) for v in self.groups.values())
+
+    def add(self, group: str, feats: np.ndarray, latencies) -> None:
+        xs, ys = self.groups.setdefault(group, ([], []))
+        xs.extend(np.asarray(feats, dtype=np.float32))
+        ys.extend(float(x) for x in latencies)
+
+    def _matrix(self):
+        X, y, qid = [], [], []
+        for gi, (xs, lat) in enumerate(self.groups.values()):
+            if not xs:
+                continue
+            X.append(np.stack(xs))
+            t = normalized_throughput(np.array(lat))
+            # ranking objectives want integer relevance grades: 0..30 over normalized throughput
+            y.append(np.round(t * 30) if self.objective.startswith("rank:") else t)
+            qid.append(np.full(len(xs), gi))
+        return np.concatenate(X), np.concatenate(y), np.concatenate(qid)
+
+    # ------------------------------------------------------------------ training
+    def fit(self) -> None:
+        import xgboost as xgb
+
+        if self.size < 2:
+            return
+        t0 = time.perf_counter()
+        X, y, qid = self._matrix()
+        d = xgb.DMatrix(X, label=y, qid=qid) if self.objective.startswith("rank:") else xgb.DMatrix(X, label=y)
+        self.booster = xgb.train(self.params, d, num_boost_round=self.num_rounds)
+        self.trained_on = self.size
+        self.fit_seconds += time.perf_counter() - t0
+
+    def predict(self, feats: np.ndarray) -> np.ndarray:
+        import xgboost as xgb
+
+        if self.booster is None or len(feats) == 0:
+            return np.random.default_rng().uniform(0, 1, len(feats))
+        return self.booster.predict(xgb.DMatrix(np.asarray(feats, dtype=np.float32)))
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if self.booster is None:
+            raise ValueError("the model is not trained")
+        self.booster.save_model(str(path))
+        meta = {"objective": self.objective, "features": "per-store-summary", "feature_length": F.LENGTH,
+                "trained_on": self.trained_on, "groups": len(self.groups), "params": self.params}
+        path.with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path, nthread: int | None = None) -> XGBCostModel:
+        import xgboost as xgb
+
+        path = Path(path)
+        meta = json.loads(path.with_suffix(".meta.json").read_text())
+        m = cls(objective=meta["objective"], nthread=nthread)
+        m.booster = xgb.Booster(model_file=str(path))
+        m.booster.set_param({"nthread": m.params["nthread"]})
+        m.trained_on = meta.get("trained_on", 0)
+        return m
+
+
+def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
+    """A MetaSchedule cost model (PyCostModel) over ``model``: it learns from every measured batch
+    and retrains when the data grew by a fifth since the last fit (as MetaSchedule's XGBModel)."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.ir.utils import derived_object
+
+    @derived_object
+    class TunerCostModel(ms.cost_model.PyCostModel):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.fe = F.extractor()
+            self.seconds = 0.0
+            self.warmup = warmup
+
+        def load(self, path: str) -> None:  # the tuner warm-starts from logs instead
+            pass
+
+        def save(self, path: str) -> None:
+            pass
+
+        def update(self, context, candidates, results) -> None:
+            t0 = time.perf_counter()
+            feats = F.from_candidates(context, candidates, self.fe)
+            lat = [_median(r.run_secs) if r.run_secs else FAILED for r in results]
+            group = f"{tvm_ffi.structural_hash(context.mod) & 0xFFFFFFFFFFFFFFFF:016x}"
+            self.model.add(group, feats, lat)
+            if self.model.size >= self.warmup and self.model.size - self.model.trained_on >= max(
+                    1, self.model.trained_on // 5):
+                self.model.fit()
+            self.seconds += time.perf_counter() - t0
+
+        def predict(self, context, candidates) -> np.ndarray:
+            t0 = time.perf_counter()
+            if self.model.booster is None:
+                out = np.random.default_rng().uniform(0, 1, len(candidates))
+            else:
+                out = self.model.predict(F.from_candidates(context, candidates, self.fe))
+                # MetaSchedule clips scores at 0: shift so the ranking survives
+                out = out - out.min() + 1e-3 if len(out) else out
+            self.seconds += time.perf_counter() - t0
+            return np.asarray(out, dtype="float64")
+
+    return TunerCostModel()
+
+
+def _median(xs) -> float:
+    v = sorted(float(x) for x in xs)
+    n = len(v)
+    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])

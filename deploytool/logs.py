@@ -1,0 +1,190 @@
+"""Operations on tuning logs: show, merge, prune, check coverage, and tuning curves."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploytool.tuninglog import Record, TuningLog, TuningLogError, write_log
+
+
+@dataclass
+class WorkloadStats:
+    hash: str
+    name: str
+    flops: float
+    calls: int
+    records: int
+    failures: int
+    default_s: float | None
+    best_s: float | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_s and self.best_s:
+            return self.default_s / self.best_s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hash": self.hash, "name": self.name, "flops": self.flops, "calls": self.calls,
+                "records": self.records, "failures": self.failures, "default_s": self.default_s,
+                "best_s": self.best_s, "speedup": self.speedup}
+
+
+@dataclass
+class LogStats:
+    path: str
+    header: dict[str, Any]
+    workloads: list[WorkloadStats]
+    records: int
+    skipped_lines: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "header": self.header, "records": self.records,
+                "skipped_lines": self.skipped_lines, "sha256": self.sha256,
+                "workloads": [w.to_dict() for w in self.workloads]}
+
+
+def stats(tlog: TuningLog) -> LogStats:
+    per = tlog.by_workload()
+    out = []
+    for h, recs in per.items():
+        w = tlog.workloads.get(h)
+        ok = [r.seconds for r in recs if r.ok]
+        dflt = [r.seconds for r in recs if r.ok and r.source == "default"]
+        out.append(WorkloadStats(hash=h, name=w.name if w else "?", flops=w.flops if w else 0.0,
+                                 calls=_calls(w), records=len(recs), failures=sum(1 for r in recs if not r.ok),
+                                 default_s=min(dflt) if dflt else None, best_s=min(ok) if ok else None))
+    out.sort(key=lambda s: -(s.best_s or 0) * s.calls)
+    return LogStats(path=str(tlog.path), header=tlog.header, workloads=out, records=len(tlog.records),
+                    skipped_lines=tlog.skipped, sha256=tlog.sha256())
+
+
+def _calls(w) -> int:
+    return int(getattr(w, "calls", 1) or 1) if w is not None else 1
+
+
+def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
+    """Combine logs of ONE target (from several runs or machines): every distinct record is kept."""
+    if not logs:
+        raise TuningLogError("nothing to merge", "pass two or more logs")
+    key = logs[0].target_key
+    for lg in logs[1:]:
+        if lg.target_key != key:
+            raise TuningLogError(f"'{lg.path}' is for target '{lg.target_name}', '{logs[0].path}' for "
+                                 f"'{logs[0].target_name}'", "merge only logs of the same target")
+    header = dict(logs[0].header)
+    header["merged_from"] = [str(lg.path) for lg in logs]
+    workloads, seen, records = {}, set(), []
+    for lg in logs:
+        for h, w in lg.workloads.items():
+            workloads.setdefault(h, w)
+        for r in lg.records:
+            k = (r.workload, r.candidate, r.time, tuple(r.latency_s or ()))
+            if k not in seen:
+                seen.add(k)
+                records.append(r)
+    write_log(output, header, workloads.values(), records)
+    return TuningLog.read(output)
+
+
+def prune(tlog: TuningLog, keep: int, output: str | Path | None = None) -> tuple[TuningLog, int]:
+    """Keep the ``keep`` best valid records per workload (and its default-schedule record, the
+    baseline); failures go. Returns the new log and how many records were dropped."""
+    if keep < 1:
+        raise TuningLogError(f"--keep {keep} would drop every record", "keep at least 1 record per workload")
+    kept: list[Record] = []
+    for _h, recs in tlog.by_workload().items():
+        best = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)[:keep]
+        ids = {id(r) for r in best}
+        ids |= {id(r) for r in recs if r.source == "default" and r.ok}
+        kept += [r for r in recs if id(r) in ids]
+    order = {id(r): i for i, r in enumerate(tlog.records)}
+    kept.sort(key=lambda r: order[id(r)])
+    out = Path(output) if output else tlog.path
+    write_log(out, tlog.header, tlog.workloads.values(), kept)
+    return TuningLog.read(out), len(tlog.records) - len(kept)
+
+
+@dataclass
+class Coverage:
+    covered: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.missing
+
+
+def coverage(tlog: TuningLog, task_list) -> Coverage:
+    best = tlog.best_by_workload()
+    cov = Coverage()
+    for t in task_list:
+        (cov.covered if t.workload_hash in best else cov.missing).append(t.name)
+    return cov
+
+
+def curves(tlog: TuningLog) -> tuple[list[tuple[int, float]], dict[str, list[tuple[int, float]]]]:
+    """Tuning curves from a log, in record order: the estimated end-to-end latency (sum over
+    workloads of best-so-far x calls) after each search trial, and per workload (best so far vs
+    its own trials). A workload's default-schedule record is its starting point."""
+    best: dict[str, float] = {}
+    per: dict[str, list[tuple[int, float]]] = {}
+    n_per: dict[str, int] = {}
+    total: list[tuple[int, float]] = []
+    calls = {h: _calls(w) for h, w in tlog.workloads.items()}
+    n = 0
+    for r in tlog.records:
+        cur = best.get(r.workload, math.inf)
+        if r.ok and r.seconds < cur:
+            best[r.workload] = r.seconds
+        if r.source == "default":
+            per.setdefault(r.workload, []).append((0, best.get(r.workload, math.inf)))
+            continue
+        n += 1
+        n_per[r.workload] = n_per.get(r.workload, 0) + 1
+        per.setdefault(r.workload, []).append((n_per[r.workload], best.get(r.workload, math.inf)))
+        total.append((n, sum(v * calls.get(h, 1) for h, v in best.items() if v < math.inf)))
+    return total, per
+
+
+def plot(tlog: TuningLog, output: str | Path, top: int = 8) -> Path:
+    """Draw the tuning curves as a PNG: end to end (estimated) and the ``top`` heaviest kernels."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    total, per = curves(tlog)
+    st = {w.hash: w for w in stats(tlog).workloads}
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    if total:
+        xs, ys = zip(*total)
+        a.plot(xs, [y * 1e3 for y in ys], color="tab:blue")
+    a.set_xlabel("search trials (all kernels)")
+    a.set_ylabel("estimated end-to-end latency (ms)")
+    a.set_title("end to end: sum of best kernel latency x calls")
+    a.grid(alpha=0.3)
+    heavy = sorted(per, key=lambda h: -((st[h].best_s or 0) * st[h].calls if h in st else 0))[:top]
+    for h in heavy:
+        pts = [(x, y) for x, y in per[h] if y < math.inf]
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        b.step(xs, [y * 1e3 for y in ys], where="post", label=(st[h].name if h in st else h)[:40])
+    b.set_yscale("log")
+    b.set_xlabel("trials of the kernel (0: default schedule)")
+    b.set_ylabel("best latency (ms)")
+    b.set_title(f"the {len(heavy)} heaviest kernels")
+    b.grid(alpha=0.3, which="both")
+    b.legend(fontsize=7)
+    fig.suptitle(f"{Path(str(tlog.path)).name} -- target {tlog.target_name}")
+    fig.tight_layout()
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(output, dpi=110)
+    plt.close(fig)
+    return output

@@ -1,0 +1,237 @@
+"""Building and timing candidate kernels during tuning (the only place tuning measures).
+
+MetaSchedule's LocalBuilder starts a fresh pool of worker processes for every batch (each
+importing TVM: 18 s for a batch of ONE candidate on the 2-core machine). Here the workers are
+started once per tuning run and reused:
+
+* builders: ``workers`` processes, each building a scheduled kernel to a .so with the target's
+  own toolchain (cross-linked for cross targets);
+* a timer: one process (measurements never overlap), loading each .so and timing it with TVM's
+  time_evaluator on random inputs, optionally flushing the CPU caches between repeats.
+
+A worker that crashes or hangs costs only the candidates in flight: they are reported as
+failures and the pool is restarted.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class MeasureSettings:
+    """How a candidate is timed. Recorded in the tuning log's header."""
+
+    number: int = 1              # calls per timed repeat (raised to fill min_repeat_ms)
+    repeat: int = 3              # timed repeats; the record keeps each
+    min_repeat_ms: int = 10    # each repeat runs at least this long
+    cache_flush: bool = False    # flush CPU caches before each repeat (weights cold), as in MetaSchedule
+    threads: int = 0             # TVM thread-pool size while timing (0: physical cores)
+    build_timeout_s: float = 120.0
+    run_timeout_s: float = 30.0
+
+    def to_dict(self):
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- workers
+def _init_worker(threads: int) -> None:
+    os.environ.setdefault("TVM_NUM_THREADS", str(threads or 1))
+    import tvm  # noqa: F401  (imported once per worker)
+
+    if threads:
+        import tvm_ffi
+
+        tvm_ffi.get_global_func("runtime.config_threadpool")(1, int(threads))
+
+
+def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str, cross: bool, out_path: str) -> str:
+    import tvm
+    from tvm.support import cc as tvm_cc
+
+    mod = tvm.ir.load_json(mod_json)
+    target = tvm.target.Target(target_json, host=host_json) if host_json else tvm.target.Target(target_json)
+    rt_mod = tvm.tirx.build(mod, target=target)
+    fcompile = tvm_cc.cross_compiler(cc) if cross else None
+    rt_mod.export_library(out_path, fcompile=fcompile)
+    return out_path
+
+
+def _time_one(path: str, args: list, settings: dict) -> list[float]:
+    import numpy as np
+    import tvm
+
+    dev = tvm.cpu()
+    lib = tvm.runtime.load_module(path)
+    rng = np.random.default_rng(0)
+    tensors = []
+    for shape, dtype in args:
+        if dtype.startswith("float"):
+            a = rng.uniform(-1, 1, size=shape).astype(dtype)
+        elif dtype == "bool":
+            a = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            a = rng.integers(0, 8, size=shape).astype(dtype)
+        tensors.append(tvm.runtime.tensor(a, dev))
+    f = lib.time_evaluator(lib.entry_name if hasattr(lib, "entry_name") and lib.entry_name else "main", dev,
+                           number=settings["number"], repeat=settings["repeat"],
+                           min_repeat_ms=int(settings["min_repeat_ms"]),
+                           f_preproc="cache_flush_cpu_non_first_arg" if settings["cache_flush"] else "")
+    return [float(x) for x in f(*tensors).results]
+
+
+# --------------------------------------------------------------------------- the measurer
+@dataclass
+class Outcome:
+    latency_s: list[float] | None = None
+    error: str | None = None
+
+
+class LocalMeasurer:
+    """Builds candidates in parallel and times them one at a time, on this machine."""
+
+    def __init__(self, target, settings: MeasureSettings, workers: int | None = None):
+        from deploytool import pipeline, targets
+
+        self.target = target
+        self.settings = settings
+        self.threads = settings.threads or targets.physical_cores()
+        self.workers = max(1, workers or targets.physical_cores())
+        self.cc = pipeline.toolchain_cc(target)
+        self.cross = bool(target.toolchain.get("cross"))
+        self.tmp = tempfile.mkdtemp(prefix="deploytool-tune-")
+        self._ctx = multiprocessing.get_context("spawn")
+        self._builders = None
+        self._timer = None
+        self._n = 0
+        self.seconds = {"build": 0.0, "measure": 0.0}
+
+    def device(self) -> dict:
+        from deploytool import targets
+
+        return {"kind": "local", "arch": targets.host_arch(), "cpu": _cpu_name(), "threads": self.threads}
+
+    def _pool(self, which: str):
+        if which == "build":
+            if self._builders is None:
+                self._builders = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
+                                                        initargs=(1,))
+            return self._builders
+        if self._timer is None:
+            self._timer = cf.ProcessPoolExecutor(1, mp_context=self._ctx, initializer=_init_worker,
+                                                 initargs=(self.threads,))
+        return self._timer
+
+    def _reset(self, which: str) -> None:
+        pool = self._builders if which == "build" else self._timer
+        if pool is None:
+            return
+        for p in list(getattr(pool, "_processes", {}).values()):
+            try:
+                p.kill()
+            except Exception:  # already gone
+                pass
+        pool.shutdown(wait=False, cancel_futures=True)
+        if which == "build":
+            self._builders = None
+        else:
+            self._timer = None
+
+    def build(self, mods: list) -> list[Outcome | str]:
+        """Build scheduled kernels (IRModules); each item becomes a .so path or a failed Outcome."""
+        import tvm
+
+        t0 = time.perf_counter()
+        tjson, hjson = dict(self.target.tvm), self.target.host
+        jobs = []
+        pool = self._pool("build")
+        for mod in mods:
+            self._n += 1
+            out = os.path.join(self.tmp, f"cand{self._n}.so")
+            jobs.append(pool.submit(_build_one, tvm.ir.save_json(mod), tjson, hjson, self.cc, self.cross, out))
+        results: list[Outcome | str] = []
+        broken = False
+        deadline = time.monotonic() + self.settings.build_timeout_s * max(1, len(mods) / self.workers)
+        for job in jobs:
+            try:
+                results.append(job.result(timeout=max(1.0, deadline - time.monotonic())))
+            except cf.TimeoutError:
+                broken = True
+                results.append(Outcome(error=f"build timed out after {self.settings.build_timeout_s:.0f} s"))
+            except cf.process.BrokenProcessPool:
+                broken = True
+                results.append(Outcome(error="the build worker crashed"))
+            except Exception as e:  # a TVM error from the worker
+                results.append(Outcome(error=_one_line(e)))
+        if broken:
+            self._reset("build")
+        self.seconds["build"] += time.perf_counter() - t0
+        return results
+
+    def run(self, paths: list[str], args: list) -> list[Outcome]:
+        """Time built kernels, one at a time; ``args``: per kernel, its (shape, dtype) pairs."""
+        t0 = time.perf_counter()
+        out: list[Outcome] = []
+        s = self.settings.to_dict()
+        for path, a in zip(paths, args):
+            try:
+                lat = self._pool("run").submit(_time_one, path, a, s).result(timeout=self.settings.run_timeout_s)
+                out.append(Outcome(latency_s=lat))
+            except cf.TimeoutError:
+                self._reset("run")
+                out.append(Outcome(error=f"run timed out after {self.settings.run_timeout_s:.0f} s"))
+            except cf.process.BrokenProcessPool:
+                self._reset("run")
+                out.append(Outcome(error="the kernel crashed the timing process"))
+            except Exception as e:
+                out.append(Outcome(error=_one_line(e)))
+            finally:
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+        self.seconds["measure"] += time.perf_counter() - t0
+        return out
+
+    def measure(self, mods: list, args: list) -> list[Outcome]:
+        """Build and time kernels; ``args[i]`` are kernel i's (shape, dtype) pairs."""
+        each = args
+        built = self.build(mods)
+        paths = [b for b in built if isinstance(b, str)]
+        timed = iter(self.run(paths, [a for a, b in zip(each, built) if isinstance(b, str)]))
+        return [next(timed) if isinstance(b, str) else b for b in built]
+
+    def close(self) -> None:
+        self._reset("build")
+        self._reset("run")
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _one_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

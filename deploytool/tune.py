@@ -1,0 +1,438 @@
+"""Tuning: MetaSchedule's evolutionary search, driven task by task from here.
+
+The loop is ours (not MetaSchedule's TaskScheduler) so that it can:
+
+* start every task from its default schedule (measured first, the record to beat);
+* resume: trials already in the log count against the budget, candidates already measured are
+  never built or timed again (looked up by the scheduled kernel's structural hash), the cost
+  model is warm-started from the log and the search from its best records;
+* stop a task early when its best has not improved for ``early_stop`` trials;
+* allocate trials across tasks by gradient (Ansor): the next round goes to the task whose
+  next round is expected to cut the most end-to-end latency (calls x latency);
+* account for where the time goes (search, building, measuring, cost model) and report
+  progress after every round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from deploytool.errors import DeploytoolError
+from deploytool.pipeline import tvm_module_of
+from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome
+from deploytool.tuninglog import LogWriter, Record, TuningLog, Workload, make_header, to_py
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TuneOptions:
+    trials: int | None = None            # total search trials over all tasks (None: per task x tasks)
+    trials_per_task: int | None = None   # None: the target family's default (schedules.space)
+    batch: int | None = None             # candidates per round
+    early_stop: int | None = None        # stop a task after this many trials without a 1% gain (0: never)
+    seed: int = 0
+    workers: int | None = None           # parallel builders (None: physical cores)
+    objective: str = "rank:pairwise"     # the cost model's objective
+    measure: MeasureSettings = field(default_factory=MeasureSettings)
+
+
+@dataclass
+class TaskState:
+    name: str
+    workload: str
+    flops: float
+    calls: int
+    args: list
+    default_s: float = math.inf          # the untuned (default schedule) latency
+    best_s: float = math.inf
+    trials: int = 0                      # search records in the log (this run and earlier ones)
+    new_trials: int = 0                  # measured by this run
+    cached: int = 0                      # proposed again, answered from the log
+    rounds: int = 0
+    since_gain: int = 0
+    done: str = ""                       # why the task stopped ("" while active)
+    curve: list[tuple[int, float]] = field(default_factory=list)  # (task trial, best so far)
+    round_best: list[float] = field(default_factory=list)
+    empty_rounds: int = 0
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.best_s < math.inf and self.default_s < math.inf else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        f = (lambda x: None if x == math.inf else x)
+        return {"name": self.name, "workload": self.workload, "flops": self.flops, "calls": self.calls,
+                "default_s": f(self.default_s), "best_s": f(self.best_s), "trials": self.trials,
+                "new_trials": self.new_trials, "cached": self.cached, "done": self.done, "curve": self.curve}
+
+
+@dataclass
+class TuneProgress:
+    """What the live view shows, after every round."""
+
+    tasks: list[TaskState]
+    current: int
+    trials_done: int                      # search trials measured by this run
+    trials_budget: int                    # this run's budget left at the start
+    elapsed_s: float
+    eta_s: float | None
+    est_untuned_s: float
+    est_tuned_s: float
+
+
+@dataclass
+class TuneResult:
+    log_path: Path
+    tasks: list[TaskState]
+    seconds: dict[str, float]
+    trials_new: int
+    est_untuned_s: float
+    est_tuned_s: float
+    curve: list[tuple[int, float]]        # (run trial, estimated end-to-end latency)
+    resumed_records: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"log": str(self.log_path), "tasks": [t.to_dict() for t in self.tasks], "seconds": self.seconds,
+                "trials_new": self.trials_new, "est_untuned_s": self.est_untuned_s, "est_tuned_s": self.est_tuned_s,
+                "curve": self.curve, "resumed_records": self.resumed_records}
+
+
+def _estimate(states: list[TaskState], attr: str) -> float:
+    total = 0.0
+    for t in states:
+        v = getattr(t, attr)
+        if attr == "best_s" and v == math.inf:
+            v = t.default_s
+        total += (v if v < math.inf else 0.0) * max(t.calls, 1)
+    return total
+
+
+def _hash(mod) -> str:
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+@contextlib.contextmanager
+def _without_tensor_intrinsics(target):
+    """TuneContext imports every tensor intrinsic TVM has (17 s on the 2-core machine, nearly all
+    of it CUDA's). CPU tuning uses none, so the import is stubbed while contexts are made, then
+    restored, so that a later real import still works."""
+    name = "tvm.s_tir.tensor_intrin"
+    if target.family not in ("x86", "arm") or name in sys.modules:
+        yield
+        return
+    sys.modules[name] = types.ModuleType(name)
+    try:
+        yield
+    finally:
+        sys.modules.pop(name, None)
+
+
+def replay_trace(wmod, trace_json):
+    """A schedule of ``wmod`` with a logged trace applied (raises if it does not apply)."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(wmod)
+    s_tir.Trace.apply_json_to_schedule(trace_json, sch)
+    return sch
+
+
+def tune(partitioned_mod, task_list, target, log_path: str | Path, options: TuneOptions | None = None,
+         on_progress: Callable[[TuneProgress], None] | None = None, model: dict | None = None) -> TuneResult:
+    """Tune every task of a partitioned module for ``target``, appending to ``log_path``."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool.cost_model import features as F
+    from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
+    from deploytool.schedules import space
+
+    opts = options or TuneOptions()
+    cfg = space.search_config(target)
+    per_task = opts.trials_per_task if opts.trials_per_task is not None else cfg.trials_per_task
+    batch = max(1, min(opts.batch or cfg.batch, per_task or 1))
+    early = cfg.early_stop_trials if opts.early_stop is None else opts.early_stop
+    t_start = time.perf_counter()
+    seconds = {"search": 0.0, "build": 0.0, "measure": 0.0, "cost_model": 0.0, "warm_start": 0.0}
+
+    # ---- tasks, one per distinct workload
+    states: list[TaskState] = []
+    funcs: dict[str, Any] = {}
+    by_hash: dict[str, TaskState] = {}
+    for t in task_list:
+        if t.workload_hash in by_hash:
+            by_hash[t.workload_hash].calls += max(t.calls, 1)
+            continue
+        func = partitioned_mod[t.name]
+        args = [([int(x) for x in a.shape], str(a.dtype)) for a in ms.arg_info.ArgInfo.from_prim_func(func)]
+        st = TaskState(name=t.name, workload=t.workload_hash, flops=t.flops, calls=max(t.calls, 1), args=args)
+        states.append(st)
+        by_hash[t.workload_hash] = st
+        funcs[t.workload_hash] = func
+
+    # ---- the log: resume from it, or start it
+    log_path = Path(log_path)
+    measurer = LocalMeasurer(target, opts.measure, workers=opts.workers)
+    old = None
+    if log_path.exists() and log_path.stat().st_size > 0:
+        old = TuningLog.read(log_path)
+        old.check_target(target)
+    header = make_header(target, device=measurer.device(), measure=opts.measure.to_dict(), model=model)
+    measured: dict[str, Record] = {}
+    resumed = 0
+    if old is not None:
+        for r in old.records:
+            if r.workload in by_hash:
+                measured.setdefault(r.candidate, r)
+                st = by_hash[r.workload]
+                resumed += 1
+                if r.source == "default":
+                    st.default_s = min(st.default_s, r.seconds)
+                else:
+                    st.trials += 1
+                if r.ok and r.seconds < st.best_s:
+                    st.best_s = r.seconds
+    writer = LogWriter(log_path, header, known_workloads=old.workloads if old else ())
+    wmods = {}
+    for st in states:
+        wmods[st.workload] = tvm_module_of(funcs[st.workload])
+        writer.workload(Workload(st.workload, st.name, st.flops, st.args, tvm.ir.save_json(funcs[st.workload]),
+                                 st.calls))
+
+    tkey = header["target_key"]
+    tvm_target = target.tvm_target()
+
+    def record(st: TaskState, cand_hash: str, trace, out: Outcome, source: str) -> Record:
+        r = Record(workload=st.workload, candidate=cand_hash, trace=trace, latency_s=out.latency_s,
+                   error=out.error, source=source, target_key=tkey)
+        writer.record(r)
+        measured[cand_hash] = r
+        return r
+
+    try:
+        # ---- 1. the default schedule of every task is the first record to beat
+        seed_states = [st for st in states if st.default_s == math.inf]
+        if seed_states:
+            fn = space.default_schedule_fn(target)
+            from tvm import s_tir
+
+            jobs = []
+            for st in seed_states:
+                sch = fn(s_tir.Schedule(wmods[st.workload]))
+                jobs.append((st, sch))
+            outs = measurer.measure([sch.mod for _, sch in jobs], [st.args for st, _ in jobs])
+            for (st, sch), out in zip(jobs, outs):
+                r = record(st, _hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
+                st.default_s = r.seconds
+                if r.seconds < st.best_s:
+                    st.best_s = r.seconds
+        for st in states:
+            st.round_best.append(st.best_s)
+            st.curve.append((st.trials, st.best_s))
+
+        budget_total = opts.trials if opts.trials is not None else per_task * len(states)
+        budget_left = max(0, budget_total - sum(st.trials for st in states))
+        for st in states:
+            if st.trials >= per_task:
+                st.done = "budget"
+        if budget_left == 0 or all(st.done for st in states):
+            for st in states:
+                st.done = st.done or "budget"
+            return _result(log_path, states, seconds, measurer, t_start, [], resumed)
+
+        # ---- 2. the cost model, warm-started from the log
+        t0 = time.perf_counter()
+        model = XGBCostModel(objective=opts.objective, nthread=measurer.threads, seed=opts.seed)
+        cost_model = make_tuner_cost_model(model)
+        database = ms.database.MemoryDatabase()
+        contexts = {}
+        fe = F.extractor()
+        for i, st in enumerate(states):
+            if st.done:
+                continue
+            with _without_tensor_intrinsics(target):
+                ctx = ms.TuneContext(mod=wmods[st.workload], target=tvm_target, space_generator=space.space_generator(target),
+                                     search_strategy=space.search_strategy(cfg), task_name=st.name,
+                                     rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
+                                     num_threads=measurer.threads, logger=_quiet_logger())
+            contexts[st.workload] = ctx
+            if old is not None:
+                _warm_start(ctx, st, old, model, database, fe, tvm_target)
+        if model.size >= 2:
+            model.fit()
+        seconds["warm_start"] += time.perf_counter() - t0
+
+        for st in states:
+            if st.workload in contexts:
+                ctx = contexts[st.workload]
+                ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
+                               design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
+                database.commit_workload(wmods[st.workload])
+
+        # ---- 3. rounds
+        run_curve: list[tuple[int, float]] = [(0, _estimate(states, "best_s"))]
+        done_new = 0
+        loop_t0 = time.perf_counter()
+        while done_new < budget_left:
+            active = [st for st in states if not st.done]
+            if not active:
+                break
+            st = _pick(active)
+            ctx = contexts[st.workload]
+            cm_before = cost_model.seconds
+            t0 = time.perf_counter()
+            cands = ctx.generate_measure_candidates()
+            seconds["search"] += time.perf_counter() - t0 - (cost_model.seconds - cm_before)
+            if not cands:
+                st.done = "search space exhausted"
+                continue
+            hashes = [_hash(c.sch.mod) for c in cands]
+            fresh = [j for j, h in enumerate(hashes) if h not in measured]
+            fresh = fresh[: max(0, budget_left - done_new)]
+            outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
+            results = []
+            new_cands, new_results = [], []
+            got = dict(zip(fresh, outs))
+            wl = database.commit_workload(wmods[st.workload])
+            used = []
+            for j, c in enumerate(cands):
+                if j not in got and hashes[j] not in measured:
+                    continue  # past the budget: neither measured nor known
+                used.append(c)
+                if j in got:
+                    r = record(st, hashes[j], to_py(c.sch.trace.as_json(remove_postproc=False)), got[j], "search")
+                    st.trials += 1
+                    st.new_trials += 1
+                    st.since_gain += 1
+                    done_new += 1
+                else:
+                    r = measured[hashes[j]]
+                    st.cached += 1
+                rr = ms.runner.RunnerResult(r.latency_s if r.ok else None, None if r.ok else r.error)
+                results.append(rr)
+                if j in got:
+                    new_cands.append(c)
+                    new_results.append(rr)
+                    if r.ok:
+                        database.commit_tuning_record(ms.database.TuningRecord(
+                            c.sch.trace, wl, r.latency_s, tvm_target, c.args_info))
+                if r.ok and r.seconds < st.best_s:
+                    if r.seconds < st.best_s * 0.99:
+                        st.since_gain = 0
+                    st.best_s = r.seconds
+                if j in got:
+                    st.curve.append((st.trials, st.best_s))
+            ctx.notify_runner_results(used, results)
+            if new_cands:
+                cost_model.update(ctx, new_cands, new_results)
+                st.empty_rounds = 0
+            else:
+                st.empty_rounds += 1
+            st.rounds += 1
+            st.round_best.append(st.best_s)
+            if st.trials >= per_task:
+                st.done = "budget"
+            elif early and st.since_gain >= early:
+                st.done = "converged"
+            elif st.empty_rounds >= 3:
+                st.done = "no new candidates"
+            run_curve.append((done_new, _estimate(states, "best_s")))
+            if on_progress is not None:
+                elapsed = time.perf_counter() - loop_t0
+                left = min(budget_left - done_new, sum(max(0, per_task - s.trials) for s in states if not s.done))
+                eta = elapsed / done_new * left if done_new else None
+                on_progress(TuneProgress(tasks=states, current=states.index(st), trials_done=done_new,
+                                         trials_budget=budget_left, elapsed_s=time.perf_counter() - t_start,
+                                         eta_s=eta, est_untuned_s=_estimate(states, "default_s"),
+                                         est_tuned_s=_estimate(states, "best_s")))
+        for st in states:
+            st.done = st.done or "budget"
+        for ctx in contexts.values():
+            ctx.post_tuning()
+        seconds["cost_model"] = cost_model.seconds
+        return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed)
+    finally:
+        writer.close()
+        measurer.close()
+
+
+def _result(log_path, states, seconds, measurer, t_start, curve, resumed) -> TuneResult:
+    seconds = dict(seconds)
+    seconds.update(measurer.seconds)
+    seconds["total"] = time.perf_counter() - t_start
+    seconds["other"] = max(0.0, seconds["total"] - sum(v for k, v in seconds.items() if k != "total"))
+    return TuneResult(log_path=Path(log_path), tasks=states, seconds=seconds,
+                      trials_new=sum(s.new_trials for s in states), est_untuned_s=_estimate(states, "default_s"),
+                      est_tuned_s=_estimate(states, "best_s"), curve=curve, resumed_records=resumed)
+
+
+def _pick(active: list[TaskState]) -> TaskState:
+    """Gradient task selection: first every task once, then the task whose next round is expected
+    to remove the most weighted latency (backward gradient over the last 3 rounds, blended with an
+    optimistic forward estimate that shrinks as the task gets rounds)."""
+    fresh = [st for st in active if st.rounds == 0]
+    if fresh:
+        return max(fresh, key=lambda s: s.calls * (s.best_s if s.best_s < math.inf else 1.0))
+    best, best_g = None, None
+    for st in active:
+        b = [x if x < math.inf else 1.0 for x in st.round_best]
+        k = min(3, len(b) - 1)
+        back = (b[-1] - b[-1 - k]) / k if k > 0 else -b[-1]
+        fwd = -b[-1] / (st.rounds + 1)
+        g = st.calls * (0.2 * back + 0.8 * fwd)
+        if best_g is None or g < best_g:
+            best, best_g = st, g
+    return best
+
+
+def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_target) -> None:
+    """Feed a task's logged records to the cost model, and its best ones to the search database."""
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool.cost_model import features as F
+
+    recs = [r for r in old.records if r.workload == st.workload]
+    if not recs:
+        return
+    ok = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)
+    keep = ok[:256] + [r for r in recs if not r.ok][:32]
+    schs, lats, best_schs = [], [], []
+    for r in keep:
+        try:
+            sch = replay_trace(ctx.mod, r.trace)
+        except Exception:  # a trace from an older deploytool or TVM: skip it
+            continue
+        schs.append(sch)
+        lats.append(r.seconds if r.ok else 1e10)
+        if r.ok and len(best_schs) < 32:
+            best_schs.append((sch, r))
+    if not schs:
+        return
+    args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
+    cands = [ms.MeasureCandidate(s, args_info) for s in schs]
+    model.add(f"{_hash(ctx.mod)}", F.from_candidates(ctx, cands, fe), np.array(lats))
+    wl = database.commit_workload(ctx.mod)
+    for sch, r in best_schs:
+        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, r.latency_s, tvm_target, args_info))
+
+
+def _quiet_logger():
+    """MetaSchedule logs every trial at INFO; deploytool shows its own progress."""
+    lg = logging.getLogger("deploytool.metaschedule")
+    lg.setLevel(logging.WARNING)
+    return lg
+
+
+class TuneError(DeploytoolError):
+    """Tuning could not start (bad budget, unsupported target)."""

@@ -1,0 +1,295 @@
+"""The tuning log: one versioned, append-only JSON-lines file per model and target.
+
+    {"type": "header", "format": "deploytool-tuning-log", "version": 1, "target": {...}, "target_key": "...",
+     "device": {...}, "measure": {...}, "emulated": false, "deploytool": "...", "tvm": "...", "created": "..."}
+    {"type": "workload", "hash": "<structural hash>", "name": "fused_conv2d_add_relu", "flops": 1.2e8,
+     "args": [[[1, 56, 56, 64], "float32"], ...], "ir": "<TVM JSON of the unscheduled kernel>"}
+    {"type": "record", "workload": "<hash>", "target_key": "...", "candidate": "<hash of the scheduled kernel>",
+     "source": "default" | "search", "trace": [...], "latency_s": [..] | null, "error": null | "...", "time": 1.7e9}
+
+* Each workload is stored once; records point to it by hash, so one log can serve every model
+  that shares the kernel on the same target.
+* Failed candidates are records too (``latency_s`` null, ``error`` set): a resumed run does not
+  retry them.
+* Lines are appended and flushed one by one; a line cut short by a kill is skipped (with a
+  warning) on reading, and the next append starts on a fresh line.
+
+Which targets are compatible: a log serves a build whose TVM target has the same kind, triple,
+CPU and attributes (``target_key``). The core count is not part of the key: the schedules are
+valid anywhere, and the header records the machine the latencies were measured on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploytool.errors import DeploytoolError
+
+log = logging.getLogger(__name__)
+
+FORMAT = "deploytool-tuning-log"
+VERSION = 1
+
+
+class TuningLogError(DeploytoolError):
+    """A tuning log is unreadable, from another target, or does not cover a model."""
+
+
+def target_key(tvm_target: dict[str, Any]) -> str:
+    """The part of a TVM target that decides whether a schedule is valid and fast: kind, triple,
+    CPU and attributes. (num-cores is left out: see the module docstring.)"""
+    keep = {k: v for k, v in tvm_target.items() if k not in ("num-cores", "tag", "keys")}
+    if isinstance(keep.get("mattr"), list):
+        keep["mattr"] = sorted(keep["mattr"])
+    return json.dumps(keep, sort_keys=True, separators=(",", ":"))
+
+
+@dataclass
+class Workload:
+    hash: str
+    name: str
+    flops: float
+    args: list
+    ir: str
+    calls: int = 1          # how often the model it was tuned for calls it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "workload", "hash": self.hash, "name": self.name, "flops": self.flops,
+                "calls": self.calls, "args": self.args, "ir": self.ir}
+
+
+@dataclass
+class Record:
+    workload: str
+    candidate: str
+    trace: Any
+    latency_s: list[float] | None
+    error: str | None = None
+    source: str = "search"
+    target_key: str = ""
+    time: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.latency_s)
+
+    @property
+    def seconds(self) -> float:
+        """The median latency; inf for a failed candidate."""
+        if not self.ok:
+            return math.inf
+        xs = sorted(self.latency_s)
+        n = len(xs)
+        return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "record", "workload": self.workload, "target_key": self.target_key,
+                "candidate": self.candidate, "source": self.source, "trace": self.trace,
+                "latency_s": self.latency_s, "error": self.error, "time": self.time}
+
+
+@dataclass
+class TuningLog:
+    """A log read into memory. ``records`` keep file order; ``skipped`` counts corrupted lines."""
+
+    path: Path | None
+    header: dict[str, Any]
+    workloads: dict[str, Workload] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
+    skipped: int = 0
+
+    # ------------------------------------------------------------------ reading
+    @classmethod
+    def read(cls, path: str | Path) -> TuningLog:
+        path = Path(path)
+        if not path.is_file():
+            raise TuningLogError(f"tuning log '{path}' does not exist",
+                                 "check the path, or create one with `deploytool tune`")
+        header = None
+        workloads: dict[str, Workload] = {}
+        records: list[Record] = []
+        bad: list[int] = []
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    kind = obj["type"]
+                    if kind == "header":
+                        if header is None:
+                            header = obj
+                    elif kind == "workload":
+                        w = Workload(obj["hash"], obj["name"], float(obj["flops"]), obj["args"], obj["ir"],
+                                     int(obj.get("calls", 1)))
+                        workloads.setdefault(w.hash, w)
+                    elif kind == "record":
+                        records.append(Record(workload=obj["workload"], candidate=obj["candidate"], trace=obj["trace"],
+                                              latency_s=obj["latency_s"], error=obj.get("error"),
+                                              source=obj.get("source", "search"),
+                                              target_key=obj.get("target_key", ""), time=obj.get("time", 0.0)))
+                    else:
+                        raise ValueError(kind)
+                except (ValueError, KeyError, TypeError):
+                    bad.append(no)
+        if header is None:
+            raise TuningLogError(f"'{path}' is not a deploytool tuning log (no header line)",
+                                 "pass a log written by `deploytool tune`")
+        if header.get("format") != FORMAT or int(header.get("version", 0)) > VERSION:
+            raise TuningLogError(f"'{path}' is a {header.get('format')} v{header.get('version')} log; this "
+                                 f"deploytool reads {FORMAT} v{VERSION}", "upgrade deploytool, or retune")
+        if bad:
+            log.warning("tuning log %s: skipped %d corrupted line(s) (line %s%s)", path, len(bad), bad[0],
+                        ", ..." if len(bad) > 1 else "")
+        return cls(path=path, header=header, workloads=workloads, records=records, skipped=len(bad))
+
+    @property
+    def target_key(self) -> str:
+        return self.header.get("target_key", "")
+
+    @property
+    def target_name(self) -> str:
+        return self.header.get("target", {}).get("name", "?")
+
+    def sha256(self) -> str:
+        return sha256_of(self.path)
+
+    def check_target(self, target) -> None:
+        """Raise TuningLogError unless this log was made for a target compatible with ``target``."""
+        key = target_key(target.tvm)
+        if key != self.target_key:
+            raise TuningLogError(
+                f"tuning log '{self.path}' was made for target '{self.target_name}' ({_short(self.target_key)}), "
+                f"not '{target.name}' ({_short(key)})",
+                f"use --target {self.target_name}, or tune for {target.name} with `deploytool tune`")
+
+    # ------------------------------------------------------------------ queries
+    def by_workload(self) -> dict[str, list[Record]]:
+        out: dict[str, list[Record]] = {}
+        for r in self.records:
+            out.setdefault(r.workload, []).append(r)
+        return out
+
+    def best(self, workload: str) -> Record | None:
+        """The best valid record of a workload: lowest median latency, earliest on ties."""
+        best = None
+        for r in self.records:
+            if r.workload == workload and r.ok and (best is None or r.seconds < best.seconds):
+                best = r
+        return best
+
+    def best_by_workload(self) -> dict[str, Record]:
+        best: dict[str, Record] = {}
+        for r in self.records:
+            if r.ok and (r.workload not in best or r.seconds < best[r.workload].seconds):
+                best[r.workload] = r
+        return best
+
+
+def _short(key: str) -> str:
+    try:
+        d = json.loads(key)
+    except ValueError:
+        return key
+    return " ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in d.items())
+
+
+def sha256_of(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def make_header(target, *, device: dict[str, Any], measure: dict[str, Any], emulated: bool = False,
+                model: dict[str, Any] | None = None) -> dict[str, Any]:
+    import tvm
+
+    from deploytool import __version__
+
+    return {"type": "header", "format": FORMAT, "version": VERSION, "deploytool": __version__,
+            "tvm": tvm.__version__, "target": target.to_dict(), "target_key": target_key(target.tvm),
+            "device": device, "measure": measure, "emulated": emulated, "model": model,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+class LogWriter:
+    """Appends lines to a log, flushing each one. Writes the header when the file is new, each
+    workload once, and starts on a fresh line after a line cut short by a kill."""
+
+    def __init__(self, path: str | Path, header: dict[str, Any], known_workloads=()):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        new = not self.path.exists() or self.path.stat().st_size == 0
+        needs_newline = False
+        if not new:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                needs_newline = f.read(1) != b"\n"
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open for appends)
+        if needs_newline:
+            self._f.write("\n")
+        self._workloads = set(known_workloads)
+        if new:
+            self._write(header)
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._f.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._f.flush()
+
+    def workload(self, w: Workload) -> None:
+        if w.hash not in self._workloads:
+            self._workloads.add(w.hash)
+            self._write(w.to_dict())
+
+    def record(self, r: Record) -> None:
+        if not r.time:
+            r.time = time.time()
+        self._write(r.to_dict())
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def write_log(path: str | Path, header: dict[str, Any], workloads, records) -> None:
+    """Write a whole log at once (merge, prune), atomically."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(header, separators=(",", ":")) + "\n")
+        for w in workloads:
+            f.write(json.dumps(w.to_dict(), separators=(",", ":")) + "\n")
+        for r in records:
+            f.write(json.dumps(r.to_dict(), separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+
+
+def to_py(obj):
+    """A TVM FFI value (Array, Map, IntImm, FloatImm, String) as plain JSON-able Python."""
+    from tvm import tirx
+
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tirx.IntImm):
+        return int(obj.value)
+    if isinstance(obj, tirx.FloatImm):
+        return float(obj.value)
+    if hasattr(obj, "items"):
+        return {str(k): to_py(v) for k, v in obj.items()}
+    return [to_py(x) for x in obj]

@@ -1,0 +1,145 @@
+"""The tuning design space per target family, as MetaSchedule objects.
+
+For a CPU kernel the space is the union of two generators:
+
+* ``deploytool-default``: the rule-based default schedule of ``schedules.cpu`` (one point, no
+  decisions). Tuning measures it first, so a tuned kernel is never slower than the untuned one,
+  and the evolutionary search starts from it (it is the best record of the task until beaten).
+* ``multi-level-tiling``: MetaSchedule's Ansor-style rules configured for the target: SSRSRS
+  multi-level tiling with a register-sized write cache, auto-inline, rfactor for reductions,
+  parallel/vectorize/unroll with a sampled unroll depth, and sampled compute locations.
+
+Postprocessors and mutators follow; ``RewriteLayout`` is left out on purpose: our kernels take
+weights already laid out by the graph passes (HWIO), and a layout-rewriting trace could not be
+replayed without rewriting the graph too.
+
+This module knows nothing of logs, the cost model or the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Search settings that belong to the target family (the CLI can override the budgets)."""
+
+    trials_per_task: int = 64          # default budget per task
+    batch: int = 16                    # candidates measured per round
+    population: int = 256              # evolutionary search population
+    genetic_iters: int = 3
+    eps_greedy: float = 0.05
+    early_stop_trials: int = 48        # stop a task whose best has not improved for this many trials
+
+
+def search_config(target) -> SearchConfig:
+    if target.family in ("x86", "arm"):
+        return SearchConfig()
+    return SearchConfig(trials_per_task=32, batch=8)
+
+
+def _cpu_rules(params):
+    from tvm.s_tir import meta_schedule as ms
+
+    lanes = params.vector_lanes
+    return [
+        ms.schedule_rule.AutoInline(
+            into_producer=False, into_consumer=True, inline_const_tensor=True,
+            disallow_if_then_else=True, require_injective=True, require_ordered=True,
+            disallow_op=["tirx.exp"],
+        ),
+        ms.schedule_rule.AddRFactor(max_jobs_per_core=16, max_innermost_factor=64),
+        ms.schedule_rule.MultiLevelTiling(
+            structure="SSRSRS",
+            tile_binds=None,
+            max_innermost_factor=max(64, 4 * lanes),
+            vector_load_lens=None,
+            reuse_read=None,
+            reuse_write=ms.schedule_rule.ReuseType(req="may", levels=[1, 2], scope="global"),
+        ),
+        ms.schedule_rule.ParallelizeVectorizeUnroll(
+            max_jobs_per_core=16,
+            max_vectorize_extent=max(16, 4 * lanes),
+            unroll_max_steps=[0, 16, 64, 512],
+            unroll_explicit=True,
+        ),
+        ms.schedule_rule.RandomComputeLocation(),
+    ]
+
+
+def _cpu_postprocs():
+    from tvm.s_tir import meta_schedule as ms
+
+    return [
+        ms.postproc.DisallowDynamicLoop(),
+        ms.postproc.RewriteParallelVectorizeUnroll(),
+        ms.postproc.RewriteReductionBlock(),
+    ]
+
+
+def _cpu_mutators():
+    from tvm.s_tir import meta_schedule as ms
+
+    return {
+        ms.mutator.MutateTileSize(): 0.9,
+        ms.mutator.MutateComputeLocation(): 0.05,
+        ms.mutator.MutateUnroll(): 0.03,
+        ms.mutator.MutateParallel(max_jobs_per_core=16): 0.02,
+    }
+
+
+def default_schedule_fn(target):
+    """A MetaSchedule ScheduleFn body: the rule-based default schedule of a one-kernel module
+    (or the schedule unchanged when no rule applies)."""
+    from deploytool.schedules import cpu
+
+    params = cpu.CPUParams.for_target(target)
+    tvm_target = target.tvm_target()
+
+    def fn(sch):
+        for rule in cpu.RULES:
+            trial = sch.copy()
+            try:
+                with tvm_target:
+                    out = rule(trial, tvm_target, params)
+            except Exception:
+                continue
+            if out is not None:
+                return out
+        return sch
+
+    return fn
+
+
+def space_generator(target):
+    """The design space for one task on ``target`` (a MetaSchedule SpaceGenerator)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if target.family not in ("x86", "arm"):
+        from deploytool.errors import TargetError
+
+        raise TargetError(f"tuning for the {target.family} family is not supported yet",
+                          "tune for an x86 or arm preset (see `deploytool targets`)")
+    from deploytool.schedules import cpu
+
+    params = cpu.CPUParams.for_target(target)
+    postprocs, mutators = _cpu_postprocs(), _cpu_mutators()
+    ours = ms.space_generator.ScheduleFn(default_schedule_fn(target), sch_rules=[], postprocs=postprocs,
+                                         mutator_probs=mutators)
+    tiling = ms.space_generator.PostOrderApply(sch_rules=_cpu_rules(params), postprocs=postprocs,
+                                               mutator_probs=mutators)
+    return ms.space_generator.SpaceGeneratorUnion([ours, tiling], sch_rules=[], postprocs=postprocs,
+                                                  mutator_probs=mutators)
+
+
+def search_strategy(config: SearchConfig):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.search_strategy.EvolutionarySearch(
+        population_size=config.population,
+        init_measured_ratio=0.2,
+        init_min_unmeasured=min(50, config.population // 4),
+        genetic_num_iters=config.genetic_iters,
+        eps_greedy=config.eps_greedy,
+    )

@@ -1,0 +1,273 @@
+"""Tuning and tuning logs, with real MetaSchedule searches on tiny budgets: records, replay,
+resume after kill -9, target compatibility, corrupted lines, merge/prune, coverage, curves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, make_tiny_model
+
+pytestmark = pytest.mark.fast
+
+TINY = ["--trials-per-task", "4", "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2"]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, cli, tiny_model):
+    """The tiny model tuned for the host (x86) with 4 trials per kernel."""
+    d = tmp_path_factory.mktemp("tuned")
+    log = d / "tiny-x86.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log, *TINY, "--json")
+    assert r.code == 0, r
+    return log, json.loads(r.out)
+
+
+def _read(log):
+    from deploytool.tuninglog import TuningLog
+
+    return TuningLog.read(log)
+
+
+def test_log_layout(tuned):
+    log, summary = tuned
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and lines[0]["format"] == "deploytool-tuning-log"
+    for key in ("deploytool", "tvm", "target", "target_key", "device", "measure", "emulated"):
+        assert key in lines[0], key
+    hashes = [x["hash"] for x in lines if x["type"] == "workload"]
+    assert len(hashes) == len(set(hashes)) == len(summary["tasks"])  # each workload once
+    recs = [x for x in lines if x["type"] == "record"]
+    for h in hashes:
+        mine = [x for x in recs if x["workload"] == h]
+        assert sum(1 for x in mine if x["source"] == "default") == 1  # the baseline is measured first
+        assert mine[0]["source"] == "default"
+    assert all(x["target_key"] == lines[0]["target_key"] for x in recs)
+    # every candidate of a workload was measured once
+    cands = [(x["workload"], x["candidate"]) for x in recs]
+    assert len(cands) == len(set(cands))
+
+
+def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
+    """The summary's best per kernel is the log's best, and compile --tuning-log applies exactly
+    that record (same scheduled kernel); the build passes the onnxruntime check."""
+    from deploytool import pipeline, targets
+    from deploytool.frontend import import_onnx
+    from deploytool.tune import replay_trace
+
+    log, summary = tuned
+    tlog = _read(log)
+    best = tlog.best_by_workload()
+    for t in summary["tasks"]:
+        assert t["best_s"] == pytest.approx(best[t["workload"]].seconds)
+        assert t["best_s"] <= t["default_s"]  # never slower than the untuned kernel
+    tgt = targets.load("x86")
+    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
+    for gv, func in mod.functions_items():
+        if not hasattr(func, "body") or not hasattr(func, "params") or "relax" in type(func).__module__:
+            continue
+        rec = best[pipeline.workload_hash(func)]
+        sch = replay_trace(pipeline.tvm_module_of(func), rec.trace)
+        from deploytool.tune import _hash
+
+        assert _hash(sch.mod) == rec.candidate, gv.name_hint
+    so = tmp_path / "tuned.so"
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", so)
+    assert r.code == 0, r
+    assert "tuned" in r.out
+    meta = json.loads(cli("metadata", so).out)
+    assert meta["tuning_log_sha256"] == tlog.sha256()
+    assert meta["tuned_kernels"] == meta["kernels"]
+    r = cli("run", so, "--check", tiny_model)
+    assert r.code == 0, r
+
+
+def test_same_log_same_code(tuned, tiny_model):
+    """Two builds from one log generate identical machine code."""
+    from deploytool import pipeline, targets
+    from deploytool.frontend import import_onnx
+
+    log, _ = tuned
+    tgt = targets.load("x86")
+    codes = []
+    for _ in range(2):
+        mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
+        mod = pipeline.schedule(mod, tgt, {}, _read(log), True)
+        ex = pipeline.build(mod, tgt)
+        codes.append("".join(m.inspect_source("asm") for m in ex.mod.imports if m.kind == "llvm"))
+    assert codes[0] and codes[0] == codes[1]
+
+
+def test_other_target_refused(tuned, tiny_model, tmp_path, cli):
+    log, _ = tuned
+    r = cli("compile", tiny_model, "--target", "x86-avx2", "--tuning-log", log, "-q", "-o", tmp_path / "x.so")
+    assert r.code == 2, r
+    assert "was made for target 'x86'" in r.err and "x86-avx2" in r.err
+    assert len(r.err.strip().splitlines()) == 1
+
+
+def test_require_tuned_lists_missing(tuned, tmp_path, cli):
+    log, _ = tuned
+    other = make_tiny_model(tmp_path / "other.onnx", extra_ops=("Tanh",))
+    r = cli("compile", other, "--target", "x86", "--tuning-log", log, "--require-tuned", "-q", "-o", tmp_path / "x.so")
+    assert r.code == 2, r
+    assert "no record in tuning log" in r.err and "tanh" in r.err.lower()
+    assert len(r.err.strip().splitlines()) == 1
+    # without --require-tuned the uncovered kernels take their default schedules
+    r = cli("compile", other, "--target", "x86", "--tuning-log", log, "-o", tmp_path / "x.so")
+    assert r.code == 0, r
+    r = cli("logs", "check", log, other, "--target", "x86")
+    assert r.code == 1 and "missing" in r.out
+
+
+def test_logs_check_show_report(tuned, tiny_model, tmp_path, cli):
+    log, summary = tuned
+    r = cli("logs", "check", log, tiny_model, "--target", "x86")
+    assert r.code == 0 and f"{len(summary['tasks'])} of {len(summary['tasks'])} kernels covered" in r.out
+    r = cli("logs", "show", log, "--json")
+    assert r.code == 0
+    st = json.loads(r.out)
+    assert {w["hash"] for w in st["workloads"]} == {t["workload"] for t in summary["tasks"]}
+    png = tmp_path / "curves.png"
+    r = cli("report", log, "-o", png)
+    assert r.code == 0, r
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_corrupted_lines_skipped(tuned, tmp_path, tiny_model, cli, caplog):
+    log, _ = tuned
+    lines = log.read_text().splitlines(keepends=True)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(lines[:3]) + '{"type": "record", "workload": \n' + "garbage\n" + "".join(lines[3:]))
+    with caplog.at_level("WARNING"):
+        tlog = _read(bad)
+    assert tlog.skipped == 2
+    assert "skipped 2 corrupted line(s)" in caplog.text
+    assert len(tlog.records) == len(_read(log).records)
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", bad, "--require-tuned", "-o", tmp_path / "x.so")
+    assert r.code == 0, r
+
+
+def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
+    from deploytool.tuninglog import write_log
+
+    log, _ = tuned
+    tlog = _read(log)
+    best = {h: r.seconds for h, r in tlog.best_by_workload().items()}
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    write_log(a, tlog.header, tlog.workloads.values(), tlog.records[0::2])
+    write_log(b, tlog.header, tlog.workloads.values(), tlog.records[1::2])
+    merged = tmp_path / "merged.jsonl"
+    r = cli("logs", "merge", a, b, "-o", merged)
+    assert r.code == 0, r
+    m = _read(merged)
+    assert len(m.records) == len(tlog.records)
+    assert {h: r.seconds for h, r in m.best_by_workload().items()} == best
+    r = cli("logs", "prune", merged, "--keep", "1")
+    assert r.code == 0, r
+    p = _read(merged)
+    assert {h: r.seconds for h, r in p.best_by_workload().items()} == best
+    for _h, recs in p.by_workload().items():
+        assert len([x for x in recs if x.source != "default"]) <= 1
+    # logs of different targets do not merge
+    hdr = dict(tlog.header, target_key='{"kind":"llvm","mcpu":"haswell"}')
+    c = tmp_path / "c.jsonl"
+    write_log(c, hdr, tlog.workloads.values(), tlog.records[:2])
+    r = cli("logs", "merge", a, c, "-o", tmp_path / "no.jsonl")
+    assert r.code == 2 and "merge only logs of the same target" in r.err
+
+
+def test_kill9_resumes(tmp_path, tiny_model):
+    """kill -9 in the middle of a run loses at most the batch in flight; rerunning the same
+    command measures nothing twice and finishes the budget."""
+    log = tmp_path / "k.jsonl"
+    cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
+           "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
+           "--json"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        n = log.read_text().count('"source":"search"') if log.exists() else 0
+        if n >= 4:
+            break
+        if p.poll() is not None:
+            pytest.fail(f"tuning ended before it could be killed: {p.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    before = _read(log)
+    n_before = sum(1 for r in before.records if r.source == "search")
+    assert n_before >= 4
+    with open(log, "a") as f:
+        f.write('{"type":"record","workload":"cut sho')  # a line cut short by the kill
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout)
+    assert summary["resumed_records"] >= n_before
+    after = _read(log)
+    assert after.skipped == 1
+    cands = [(x.workload, x.candidate) for x in after.records]
+    assert len(cands) == len(set(cands)), "a candidate was measured twice"
+    for t in summary["tasks"]:
+        assert t["trials"] >= 12 or t["done"] != "budget", t
+    assert summary["trials_new"] == sum(1 for r in after.records if r.source == "search") - n_before
+
+
+def test_cost_model_save_load_roundtrip(tmp_path):
+    import numpy as np
+
+    from deploytool.cost_model.model import XGBCostModel
+
+    rng = np.random.default_rng(0)
+    m = XGBCostModel(nthread=1, num_rounds=20)
+    for g in range(3):
+        x = rng.normal(size=(30, 8)).astype(np.float32)
+        m.add(f"g{g}", x, np.exp(x[:, 0]) * 1e-3)
+    m.fit()
+    x = rng.normal(size=(10, 8)).astype(np.float32)
+    m.save(tmp_path / "m.json")
+    m2 = XGBCostModel.load(tmp_path / "m.json", nthread=1)
+    assert np.allclose(m.predict(x), m2.predict(x))
+    # it learned the ranking: lower latency (smaller x0) scores higher
+    assert np.corrcoef(m.predict(x), x[:, 0])[0, 1] < -0.5
+
+
+def test_bad_budgets_one_line(cli, tiny_model, tmp_path):
+    r = cli("tune", tiny_model, "--trials-per-task", "0", "-o", tmp_path / "x.jsonl")
+    assert r.code == 2 and "--trials-per-task 0 is not allowed" in r.err
+    r = cli("compile", tiny_model, "--require-tuned", "-o", tmp_path / "x.so")
+    assert r.code == 2 and "--require-tuned needs a tuning log" in r.err
+    r = cli("compile", tiny_model, "--tuning-log", tmp_path / "nope.jsonl", "-o", tmp_path / "x.so")
+    assert r.code == 2 and "does not exist" in r.err
+    notlog = tmp_path / "n.jsonl"
+    notlog.write_text('{"hello": 1}\n')
+    r = cli("compile", tiny_model, "--tuning-log", notlog, "-o", tmp_path / "x.so")
+    assert r.code == 2 and "not a deploytool tuning log" in r.err
+
+
+SHIPPED = REPO / "tuning_logs" / "squeezenet1.0-x86-avx512.jsonl"
+
+
+def test_shipped_log_replays(tmp_path, cli):
+    """CI mode on the README's default model: every kernel from the shipped log, numerics checked
+    where this machine has AVX-512 (the log's preset)."""
+    from deploytool import targets
+
+    model = REPO / "deploytool" / "data" / "squeezenet1.0.onnx"
+    so = tmp_path / "sq.so"
+    r = cli("compile", model, "--target", "x86-avx512", "--tuning-log", SHIPPED, "--require-tuned", "-o", so)
+    assert r.code == 0, r
+    meta = json.loads(cli("metadata", so).out)
+    assert meta["tuned_kernels"] == meta["kernels"]
+    lacking = targets.missing_features(targets.load("x86-avx512").required_features, "x86_64")
+    if targets.host_arch() != "x86_64" or lacking:
+        pytest.skip(f"this machine cannot run x86-avx512 code (lacks {', '.join(lacking) or 'x86_64'})")
+    r = cli("run", so, "--check", model)
+    assert r.code == 0, r
