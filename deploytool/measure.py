@@ -42,13 +42,10 @@ class MeasureSettings:
 
 # --------------------------------------------------------------------------- workers
 def _init_worker(threads: int) -> None:
-    os.environ.setdefault("TVM_NUM_THREADS", str(threads or 1))
+    # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
+    # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
+    os.environ["TVM_NUM_THREADS"] = str(threads or 1)
     import tvm  # noqa: F401  (imported once per worker)
-
-    if threads:
-        import tvm_ffi
-
-        tvm_ffi.get_global_func("runtime.config_threadpool")(1, int(threads))
 
 
 def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str, cross: bool, out_path: str) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 
 from deploytool.artifact import Artifact
 from deploytool.errors import ArtifactError, TargetError
-from deploytool.targets import host_arch, missing_features
+from deploytool.targets import host_arch, missing_features, physical_cores
 
 
 @dataclass(frozen=True)
@@ -54,11 +54,24 @@ def time_callable(fn, *, warmup: int, repeats: int, min_seconds: float = 0.0) ->
 
 
 def set_threads(n: int | None) -> None:
-    """Size TVM's CPU thread pool (None: leave the runtime's default)."""
-    if n:
+    """Size TVM's CPU thread pool: ``n`` threads, or one per physical core.
+
+    TVM sizes its pool once, when the first parallel kernel runs, from TVM_NUM_THREADS, and
+    otherwise from half the logical CPUs (it assumes 2-way SMT: on a 2-core VM without SMT that
+    is ONE thread, and runtime.config_threadpool can shrink the pool later but never grow it).
+    So the count goes into the environment before the pool starts; a pool already running with
+    another size is reconfigured."""
+    import os
+
+    n = int(n or physical_cores())
+    current = os.environ.get("TVM_NUM_THREADS")
+    if current == str(n):
+        return
+    os.environ["TVM_NUM_THREADS"] = str(n)
+    if current is not None:
         import tvm_ffi
 
-        tvm_ffi.get_global_func("runtime.config_threadpool")(1, int(n))
+        tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
 
 
 class LocalRunner:
