@@ -42,7 +42,5 @@ suffix = "" if not names else "-subset"
 (out_dir / f"untuned-{args.target}{suffix}.json").write_text(json.dumps(res, indent=2) + "\n")
 md = benchmark.markdown(res)
 if not names:
-    doc = root.parent / "docs" / "benchmarks.md"
-    head = "# Benchmarks\n\nMade by `python bench/untuned.py`; raw numbers in `bench/results/`.\n\n## Untuned (default schedules)\n\n"
-    doc.write_text(head + md)
+    benchmark.write_doc(out_dir, root.parent / "docs" / "benchmarks.md")
 print(md)

@@ -1,4 +1,4 @@
-"""The benchmark corpus and the untuned benchmark.
+"""The benchmark corpus, and the untuned and tuned benchmarks.
 
 The corpus is frozen in ``bench/corpus.json``: each entry says how its ONNX file is made (a light
 model of the onnx wheel with seeded He-scaled weights, or a model of deploytool.zoo) and pins the
@@ -82,18 +82,7 @@ def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str
             res = deploytool.compile(path, target=target, output=so)
             row["compile_s"] = round(time.perf_counter() - t0, 2)
             row["kernels"] = len(res.tasks)
-            chk = subprocess.run([sys.executable, "-m", "deploytool", "run", str(so), "--check", str(path),
-                                  "--threads", str(threads)], capture_output=True, text=True)
-            row["check"] = "pass" if chk.returncode == 0 else "FAIL"
-            if chk.returncode:
-                row["check_error"] = chk.stderr.strip().splitlines()[-1][:300]
-            b = subprocess.run([sys.executable, "-m", "deploytool", "bench", str(so), "--compare", str(path), "--json",
-                                "--threads", str(threads), "--repeats", str(repeats)], capture_output=True, text=True)
-            if b.returncode:
-                raise DeploytoolError(b.stderr.strip().splitlines()[-1][:300])
-            j = json.loads(b.stdout)
-            row.update(deploytool_ms=round(j["deploytool"]["median_ms"], 3),
-                       onnxruntime_ms=round(j["onnxruntime"]["median_ms"], 3), ratio=round(j["ratio"], 3))
+            row.update(check_and_time(so, path, threads, repeats))
         except Exception as e:  # one model failing must not lose the others' results
             row["error"] = str(e)[:300]
         rows.append(row)
@@ -107,6 +96,135 @@ def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str
         "max_ratio": max(ratios) if ratios else None,
         "models": rows,
     }
+
+
+def check_and_time(so: Path, path: Path, threads: int, repeats: int) -> dict[str, Any]:
+    """Check an artifact against onnxruntime, then time both (fresh processes, onnxruntime first)."""
+    row: dict[str, Any] = {}
+    chk = subprocess.run([sys.executable, "-m", "deploytool", "run", str(so), "--check", str(path),
+                          "--threads", str(threads)], capture_output=True, text=True)
+    row["check"] = "pass" if chk.returncode == 0 else "FAIL"
+    if chk.returncode:
+        row["check_error"] = chk.stderr.strip().splitlines()[-1][:300]
+    b = subprocess.run([sys.executable, "-m", "deploytool", "bench", str(so), "--compare", str(path), "--json",
+                        "--threads", str(threads), "--repeats", str(repeats)], capture_output=True, text=True)
+    if b.returncode:
+        raise DeploytoolError(b.stderr.strip().splitlines()[-1][:300])
+    j = json.loads(b.stdout)
+    row.update(deploytool_ms=round(j["deploytool"]["median_ms"], 3),
+               onnxruntime_ms=round(j["onnxruntime"]["median_ms"], 3), ratio=round(j["ratio"], 3))
+    return row
+
+
+def nominal_peak_gflops(threads: int) -> tuple[float, str]:
+    """FP32 peak of this x86 machine: threads x base clock x 32 FLOP/cycle (two 256-bit FMA pipes,
+    e.g. Zen 4, which runs AVX-512 as two halves). Boost clocks can exceed it."""
+    mhz = 0.0
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                mhz = max(mhz, float(line.split(":", 1)[1]))
+    except (OSError, ValueError):
+        pass
+    return threads * mhz * 32 / 1e3, f"{threads} x {mhz / 1e3:.2f} GHz x 32 FLOP/cycle"
+
+
+def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path, target: str = "x86-avx512",
+              trials_per_task: int = 64, threads: int | None = None, repeats: int = 20,
+              progress=print) -> dict[str, Any]:
+    """Tune every corpus model (resuming its log in ``log_dir``), build from the log, check it
+    against onnxruntime and time both engines."""
+    from deploytool.targets import load, physical_cores
+
+    manifest = load_manifest()
+    threads = threads or physical_cores()
+    peak, peak_how = nominal_peak_gflops(threads)
+    tgt = load(target)
+    rows = []
+    for entry in manifest["models"]:
+        if names and entry["name"] not in names:
+            continue
+        row: dict[str, Any] = {"model": entry["name"]}
+        try:
+            path = materialize(entry, cache)
+            log = log_dir / f"{entry['name']}-{target}.jsonl"
+            t0 = time.perf_counter()
+            tr = subprocess.run([sys.executable, "-m", "deploytool", "tune", str(path), "--target", target,
+                                 "-o", str(log), "--trials-per-task", str(trials_per_task), "--json", "-q"],
+                                capture_output=True, text=True)
+            if tr.returncode:
+                raise DeploytoolError("tune: " + tr.stderr.strip().splitlines()[-1][:300])
+            summary = json.loads(tr.stdout)
+            row["tune_s"] = round(time.perf_counter() - t0, 1)
+            row["tune_seconds"] = {k: round(v, 1) for k, v in summary["seconds"].items()}
+            row["trials_new"] = summary["trials_new"]
+            row["kernels"] = len(summary["tasks"])
+            row["est_speedup"] = round(summary["est_untuned_s"] / summary["est_tuned_s"], 3)
+            heavy = sorted(summary["tasks"], key=lambda t: -(t["best_s"] or 0) * t["calls"])[:3]
+            row["heavy"] = [{"name": t["name"], "gflops": round(t["flops"] / t["best_s"] / 1e9, 1),
+                             "peak_pct": round(100 * t["flops"] / t["best_s"] / 1e9 / peak, 1) if peak else None,
+                             "share_pct": round(100 * t["best_s"] * t["calls"] / summary["est_tuned_s"], 1)}
+                            for t in heavy if t["best_s"]]
+            so = out_dir / f"{entry['name']}-{target}-tuned.so"
+            c = subprocess.run([sys.executable, "-m", "deploytool", "compile", str(path), "--target", target,
+                                "--tuning-log", str(log), "--require-tuned", "-q", "-o", str(so)],
+                               capture_output=True, text=True)
+            if c.returncode:
+                raise DeploytoolError("compile: " + c.stderr.strip().splitlines()[-1][:300])
+            row.update(check_and_time(so, path, threads, repeats))
+        except Exception as e:  # one model failing must not lose the others' results
+            row["error"] = str(e)[:300]
+        rows.append(row)
+        progress(json.dumps(row))
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    return {
+        "benchmark": "tuned", "target": tgt.name, "mcpu": tgt.tvm.get("mcpu"), "threads": threads,
+        "trials_per_task": trials_per_task, "peak_gflops": round(peak, 1), "peak": peak_how,
+        "host": {"cpu": _cpu_name(), "machine": platform.machine()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "geomean_ratio": round(geomean(ratios), 3) if ratios else None,
+        "max_ratio": max(ratios) if ratios else None,
+        "models": rows,
+    }
+
+
+def markdown_tuned(result: dict[str, Any]) -> str:
+    lines = [f"Tuned with up to {result['trials_per_task']} trials per kernel, target `{result['target']}` "
+             f"({result['mcpu']}), {result['threads']} threads, {result['host']['cpu']}, {result['date']}. "
+             f"Peak used for %: {result['peak_gflops']} GFLOP/s ({result['peak']}).",
+             "",
+             "| model | kernels | tune time | of it: search / build / measure / cost model | check | deploytool ms "
+             "| onnxruntime ms | ratio | heaviest kernels: GFLOP/s (% peak, % of time) |",
+             "|---|---:|---:|---|---|---:|---:|---:|---|"]
+    for r in result["models"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | | | error: {r['error'][:80]} | | | | |")
+            continue
+        sec = r["tune_seconds"]
+        parts = " / ".join(f"{sec.get(k, 0):.0f}s" for k in ("search", "build", "measure", "cost_model"))
+        heavy = "; ".join(f"{h['gflops']} ({h['peak_pct']}%, {h['share_pct']}%)" for h in r["heavy"])
+        lines.append(f"| {r['model']} | {r['kernels']} | {r['tune_s'] / 60:.1f} min | {parts} | {r['check']} | "
+                     f"{r['deploytool_ms']} | {r['onnxruntime_ms']} | {r['ratio']:.2f}x | {heavy} |")
+    if result["geomean_ratio"]:
+        lines.append(f"| **geomean** | | | | | | | **{result['geomean_ratio']:.2f}x** | |")
+    lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def write_doc(results_dir: Path, doc: Path) -> None:
+    """docs/benchmarks.md from the latest results of each benchmark."""
+    parts = ["# Benchmarks\n", "Made by the scripts in `bench/`; raw numbers in `bench/results/`. Ratios are "
+             "deploytool median / onnxruntime median (below 1: deploytool faster), both timed in one run with the "
+             "same inputs and threads, onnxruntime first.\n"]
+    for name, title, fmt in (("untuned-x86.json", "Untuned (default schedules): `python bench/untuned.py`", markdown),
+                             ("tuned-x86-avx512.json", "Tuned: `python bench/tuned.py`", markdown_tuned)):
+        f = results_dir / name
+        if f.is_file():
+            parts.append(f"## {title}\n\n" + fmt(json.loads(f.read_text())))
+    f = results_dir / "cost_model.md"
+    if f.is_file():
+        parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())
+    doc.write_text("\n".join(parts))
 
 
 def _cpu_name() -> str:

@@ -222,6 +222,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     try:
         # ---- 1. the default schedule of every task is the first record to beat
         seed_states = [st for st in states if st.default_s == math.inf]
+        seeded = []
         if seed_states:
             fn = space.default_schedule_fn(target)
             from tvm import s_tir
@@ -233,6 +234,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             outs = measurer.measure([sch.mod for _, sch in jobs], [st.args for st, _ in jobs])
             for (st, sch), out in zip(jobs, outs):
                 r = record(st, _hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
+                seeded.append((st, sch))
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
                     st.best_s = r.seconds
@@ -272,6 +274,12 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             model.fit()
         seconds["warm_start"] += time.perf_counter() - t0
 
+        for st, sch in seeded:  # this run's default schedules: the search starts from them
+            rec = measured.get(_hash(sch.mod))
+            if rec is not None and rec.ok:
+                database.commit_tuning_record(ms.database.TuningRecord(
+                    sch.trace, database.commit_workload(wmods[st.workload]), rec.latency_s, tvm_target,
+                    ms.arg_info.ArgInfo.from_prim_func(funcs[st.workload])))
         for st in states:
             if st.workload in contexts:
                 ctx = contexts[st.workload]

@@ -272,18 +272,25 @@ def tile_reduction(sch, tvm_target, params: CPUParams):
 
     loops = sch.get_loops(red)
     sp_loops, r_loops = list(loops[:n_sp]), list(loops[n_sp:])
+    v = min(ci, lanes) if ci % min(ci, lanes) == 0 else ci
     if group:
         # groups outside, then tiles within a group: (g * group + r) // group simplifies to g,
         # so the input channel is one broadcast per tile
         cg, cr = sch.split(sp_loops[c_idx], factors=[None, group])
         co, cii = sch.split(cr, factors=[None, ci])
         co = sch.fuse(cg, co)
+        cim, cii = sch.split(cii, factors=[None, v])  # whole native vectors, unrolled
     else:
-        co, cii = sch.split(sp_loops[c_idx], factors=[None, ci])
-    v = min(ci, lanes) if ci % min(ci, lanes) == 0 else ci
-    cim, cii = sch.split(cii, factors=[None, v])  # whole native vectors, unrolled
+        # The register tile's two knobs are sampled tiles whose decisions are the choices above:
+        # replayed as is they give the default schedule, and tuning (schedules.space) samples
+        # and mutates them (vectors per row, rows per tile).
+        cvec, cii = sch.split(sp_loops[c_idx], factors=[None, v])
+        n_vec = extents[c_idx] // v
+        co, cim = sch.split(cvec, factors=sch.sample_perfect_tile(
+            cvec, n=2, max_innermost_factor=4, decision=[n_vec // (ci // v), ci // v]))
     if w_idx is not None:
-        wo, wii = sch.split(sp_loops[w_idx], factors=[None, wi])
+        wo, wii = sch.split(sp_loops[w_idx], factors=sch.sample_perfect_tile(
+            sp_loops[w_idx], n=2, max_innermost_factor=14, decision=[W // wi, wi]))
     outer = [lp for i, lp in enumerate(sp_loops) if i not in (c_idx, w_idx)]
     outer = [co] + outer + ([wo] if w_idx is not None else [])
     inner = ([wii] if w_idx is not None else []) + [cim, cii]
