@@ -28,7 +28,7 @@ class Group:
 def context(mod, target):
     from tvm.s_tir import meta_schedule as ms
 
-    from deploytool.tune import _without_tensor_intrinsics
+    from deploytool.tuner import _without_tensor_intrinsics
 
     with _without_tensor_intrinsics(target):
         return ms.TuneContext(mod=mod, target=target.tvm_target(), task_name="dataset", num_threads=1)
@@ -39,7 +39,7 @@ def groups_from_log(tlog, target, min_records: int = 8) -> list[Group]:
     import tvm
 
     from deploytool.cost_model import features as F
-    from deploytool.tune import replay_trace
+    from deploytool.tuner import replay_trace
 
     fe = F.extractor()
     out = []

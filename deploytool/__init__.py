@@ -7,11 +7,13 @@ The Python API mirrors the CLI command for command::
     res = deploytool.compile("model.onnx", target="x86", output="model.so")
     deploytool.run("model.so", check="model.onnx")
     deploytool.bench("model.so", compare="model.onnx")
+    deploytool.tune("model.onnx", target="x86", output="model-x86.jsonl")
 """
 
 __version__ = "0.1.0"
 
-_API = ("inspect", "compile", "run", "bench", "metadata", "list_targets")
+_API = ("inspect", "compile", "tune", "run", "bench", "metadata", "list_targets", "logs_show", "logs_merge",
+        "logs_prune", "logs_check", "report")
 
 
 def __getattr__(name):  # lazy, so that `import deploytool.errors` stays cheap and cycle-free

@@ -295,8 +295,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     (appended and flushed as they arrive). Rerunning the same command resumes."""
     from deploytool import pipeline
     from deploytool.measure import MeasureSettings
-    from deploytool.tune import TuneOptions
-    from deploytool.tune import tune as _tune
+    from deploytool.tuner import TuneOptions
+    from deploytool.tuner import tune as _tune
 
     _require(trials is None or trials >= 0, "--trials", trials, "a number of trials >= 0")
     _require(trials_per_task is None or trials_per_task >= 1, "--trials-per-task", trials_per_task,

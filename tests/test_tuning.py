@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, make_tiny_model
 
-pytestmark = pytest.mark.fast
+pytestmark = pytest.mark.tuning
 
 TINY = ["--trials-per-task", "4", "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2"]
 
@@ -60,7 +59,7 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
     that record (same scheduled kernel); the build passes the onnxruntime check."""
     from deploytool import pipeline, targets
     from deploytool.frontend import import_onnx
-    from deploytool.tune import replay_trace
+    from deploytool.tuner import replay_trace
 
     log, summary = tuned
     tlog = _read(log)
@@ -75,7 +74,7 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
             continue
         rec = best[pipeline.workload_hash(func)]
         sch = replay_trace(pipeline.tvm_module_of(func), rec.trace)
-        from deploytool.tune import _hash
+        from deploytool.tuner import _hash
 
         assert _hash(sch.mod) == rec.candidate, gv.name_hint
     so = tmp_path / "tuned.so"
@@ -271,3 +270,15 @@ def test_shipped_log_replays(tmp_path, cli):
         pytest.skip(f"this machine cannot run x86-avx512 code (lacks {', '.join(lacking) or 'x86_64'})")
     r = cli("run", so, "--check", model)
     assert r.code == 0, r
+
+
+def test_target_compatibility_rule():
+    """A log serves targets with the same kind, triple, CPU and attributes; cores do not matter."""
+    from deploytool import targets
+    from deploytool.tuninglog import target_key
+
+    a = targets.load("x86-avx512")
+    assert target_key(dict(a.tvm, **{"num-cores": 64})) == target_key(a.tvm)
+    assert target_key(a.tvm) != target_key(targets.load("x86-avx2").tvm)
+    assert target_key(dict(a.tvm, mattr=["+b", "+a"])) == target_key(dict(a.tvm, mattr=["+a", "+b"]))
+    assert target_key(dict(a.tvm, mattr=["+a"])) != target_key(a.tvm)
