@@ -1,12 +1,15 @@
 """The XGBoost cost model the tuner uses to rank candidate schedules.
 
 * ``features``: a fixed-length vector per candidate, built from MetaSchedule's per-store features
-  (164 per buffer store: arithmetic, memory access, loop structure, parallelism, vectorization)
-  summarized over the stores of the kernel (mean, max, sum) plus the store count.
-* ``model.XGBCostModel``: gradient-boosted trees trained with a pairwise ranking objective, one
-  query group per kernel (workload), on normalized throughput (the group's best latency / this
-  candidate's latency; failures score 0). Ranking inside a kernel is what the search needs;
-  absolute speed across kernels is not.
+  (164 per buffer store: arithmetic, memory access, loop structure, parallelism, vectorization):
+  the heaviest store's own features, then the mean, max and sum over the kernel's stores, and
+  the store count.
+* ``model.XGBCostModel``: gradient-boosted trees regressing log(best / latency) within each kernel
+  (workload): 0 for the kernel's best candidate, negative for slower ones, failures pinned low.
+  Ranking inside a kernel is what the search needs; absolute speed across kernels is not. The log
+  spreads the slow end out (MetaSchedule regresses best / latency, which squeezes every slow
+  candidate towards 0). Pairwise-ranking objectives were measured too and did no better
+  (bench/cost_model.py).
 * ``model.TunerCostModel``: the MetaSchedule adapter (update/predict on measure candidates), with
   adaptive retraining and a warm start from a tuning log.
 * ``dataset``: (features, latency, group) rows rebuilt from tuning logs, for training and for the

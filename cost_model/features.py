@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 PER_STORE = 164
-LENGTH = 3 * PER_STORE + 1
+LENGTH = 4 * PER_STORE + 1
 
 
 def extractor():
@@ -15,11 +15,15 @@ def extractor():
 
 
 def summarize(per_store: np.ndarray) -> np.ndarray:
-    """(stores, 164) -> (3 * 164 + 1,): mean, max and sum over stores, then the store count."""
+    """(stores, 164) -> (4 * 164 + 1,): the heaviest store's own features (most floating-point
+    multiply-adds, adds and multiplies: the kernel's main loop nest, whose tiling, vectorization
+    and unrolling decide its speed), then the mean, max and sum over all stores, then the store
+    count."""
     per_store = np.asarray(per_store, dtype=np.float32)
     if per_store.ndim != 2 or per_store.shape[0] == 0:
         return np.zeros(LENGTH, dtype=np.float32)
-    return np.concatenate([per_store.mean(0), per_store.max(0), per_store.sum(0),
+    heavy = per_store[int(np.argmax(per_store[:, 0] + per_store[:, 1] + per_store[:, 2]))]
+    return np.concatenate([heavy, per_store.mean(0), per_store.max(0), per_store.sum(0),
                            np.array([np.log2(1 + per_store.shape[0])], dtype=np.float32)])
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 import os
 import time
 from pathlib import Path
@@ -30,9 +31,10 @@ def normalized_throughput(latencies: np.ndarray) -> np.ndarray:
 class XGBCostModel:
     """Gradient-boosted trees over candidate features; data grouped by kernel (workload)."""
 
-    def __init__(self, objective: str = "rank:pairwise", nthread: int | None = None, seed: int = 0,
-                 num_rounds: int = 200, max_depth: int = 8, eta: float = 0.2):
+    def __init__(self, objective: str = "reg:squarederror", nthread: int | None = None, seed: int = 0,
+                 num_rounds: int = 200, max_depth: int = 8, eta: float = 0.2, label: str = "log-throughput"):
         self.objective = objective
+        self.label = label
         self.params = {"objective": objective, "max_depth": max_depth, "eta": eta, "min_child_weight": 0,
                        "gamma": 0.0001, "subsample": 1.0, "seed": seed, "verbosity": 0,
                        "nthread": nthread or (os.cpu_count() or 1), "tree_method": "hist"}
@@ -62,8 +64,12 @@ class XGBCostModel:
                 continue
             X.append(np.stack(xs))
             t = normalized_throughput(np.array(lat))
-            # ranking objectives want integer relevance grades: 0..30 over normalized throughput
-            y.append(np.round(t * 30) if self.objective.startswith("rank:") else t)
+            if self.objective.startswith("rank:"):  # integer relevance grades: 0..30
+                y.append(np.round(t * 30))
+            elif self.label == "log-throughput":  # log(best / latency): spreads the slow end out
+                y.append(np.where(t > 0, np.log(np.maximum(t, 1e-6)), np.log(1e-3)))
+            else:
+                y.append(t)
             qid.append(np.full(len(xs), gi))
         return np.concatenate(X), np.concatenate(y), np.concatenate(qid)
 
@@ -94,7 +100,7 @@ class XGBCostModel:
         if self.booster is None:
             raise ValueError("the model is not trained")
         self.booster.save_model(str(path))
-        meta = {"objective": self.objective, "features": "per-store-summary", "feature_length": F.LENGTH,
+        meta = {"objective": self.objective, "label": self.label, "features": "per-store-summary", "feature_length": F.LENGTH,
                 "trained_on": self.trained_on, "groups": len(self.groups), "params": self.params}
         path.with_suffix(".meta.json").write_text(json.dumps(meta, indent=1) + "\n")
 
@@ -104,7 +110,7 @@ class XGBCostModel:
 
         path = Path(path)
         meta = json.loads(path.with_suffix(".meta.json").read_text())
-        m = cls(objective=meta["objective"], nthread=nthread)
+        m = cls(objective=meta["objective"], nthread=nthread, label=meta.get("label", "log-throughput"))
         m.booster = xgb.Booster(model_file=str(path))
         m.booster.set_param({"nthread": m.params["nthread"]})
         m.trained_on = meta.get("trained_on", 0)
@@ -126,6 +132,9 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
             self.fe = F.extractor()
             self.seconds = 0.0
             self.warmup = warmup
+            self.cache: OrderedDict = OrderedDict()
+            self.cache_size = 20000
+            self.lookups = self.hits = 0
 
         def load(self, path: str) -> None:  # the tuner warm-starts from logs instead
             pass
@@ -133,9 +142,25 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
         def save(self, path: str) -> None:
             pass
 
+        def features(self, context, candidates) -> np.ndarray:
+            """Features per candidate, cached by the scheduled kernel's structural hash: the
+            evolutionary search re-scores the same schedules across generations and rounds, and
+            extraction (~6 ms a candidate) is most of the cost model's time."""
+            keys = [tvm_ffi.structural_hash(c.sch.mod) for c in candidates]
+            miss = [i for i, k in enumerate(keys) if k not in self.cache]
+            if miss:
+                new = F.from_candidates(context, [candidates[i] for i in miss], self.fe)
+                for i, row in zip(miss, new):
+                    self.cache[keys[i]] = row
+                while len(self.cache) > self.cache_size:
+                    self.cache.popitem(last=False)
+            self.lookups += len(keys)
+            self.hits += len(keys) - len(miss)
+            return np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, F.LENGTH), np.float32)
+
         def update(self, context, candidates, results) -> None:
             t0 = time.perf_counter()
-            feats = F.from_candidates(context, candidates, self.fe)
+            feats = self.features(context, candidates)
             lat = [_median(r.run_secs) if r.run_secs else FAILED for r in results]
             group = f"{tvm_ffi.structural_hash(context.mod) & 0xFFFFFFFFFFFFFFFF:016x}"
             self.model.add(group, feats, lat)
@@ -149,7 +174,7 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
             if self.model.booster is None:
                 out = np.random.default_rng().uniform(0, 1, len(candidates))
             else:
-                out = self.model.predict(F.from_candidates(context, candidates, self.fe))
+                out = self.model.predict(self.features(context, candidates))
                 # MetaSchedule clips scores at 0: shift so the ranking survives
                 out = out - out.min() + 1e-3 if len(out) else out
             self.seconds += time.perf_counter() - t0

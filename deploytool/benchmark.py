@@ -116,9 +116,10 @@ def check_and_time(so: Path, path: Path, threads: int, repeats: int) -> dict[str
     return row
 
 
-def nominal_peak_gflops(threads: int) -> tuple[float, str]:
-    """FP32 peak of this x86 machine: threads x base clock x 32 FLOP/cycle (two 256-bit FMA pipes,
-    e.g. Zen 4, which runs AVX-512 as two halves). Boost clocks can exceed it."""
+def nominal_peak_gflops(threads: int, clock_ghz: float | None = None) -> tuple[float, str]:
+    """FP32 peak of an x86 machine: threads x clock x 32 FLOP/cycle (two 256-bit FMA pipes, e.g.
+    Zen 4, which runs AVX-512 as two halves). The clock defaults to /proc/cpuinfo's, which a VM
+    may report as the base clock while the cores boost higher: pass the boost clock."""
     mhz = 0.0
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -126,19 +127,20 @@ def nominal_peak_gflops(threads: int) -> tuple[float, str]:
                 mhz = max(mhz, float(line.split(":", 1)[1]))
     except (OSError, ValueError):
         pass
-    return threads * mhz * 32 / 1e3, f"{threads} x {mhz / 1e3:.2f} GHz x 32 FLOP/cycle"
+    ghz = clock_ghz or mhz / 1e3
+    return threads * ghz * 32, f"{threads} x {ghz:.2f} GHz x 32 FLOP/cycle"
 
 
 def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path, target: str = "x86-avx512",
               trials_per_task: int = 64, threads: int | None = None, repeats: int = 20,
-              progress=print) -> dict[str, Any]:
+              clock_ghz: float | None = None, progress=print) -> dict[str, Any]:
     """Tune every corpus model (resuming its log in ``log_dir``), build from the log, check it
     against onnxruntime and time both engines."""
     from deploytool.targets import load, physical_cores
 
     manifest = load_manifest()
     threads = threads or physical_cores()
-    peak, peak_how = nominal_peak_gflops(threads)
+    peak, peak_how = nominal_peak_gflops(threads, clock_ghz)
     tgt = load(target)
     rows = []
     for entry in manifest["models"]:
@@ -162,7 +164,6 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
             row["est_speedup"] = round(summary["est_untuned_s"] / summary["est_tuned_s"], 3)
             heavy = sorted(summary["tasks"], key=lambda t: -(t["best_s"] or 0) * t["calls"])[:3]
             row["heavy"] = [{"name": t["name"], "gflops": round(t["flops"] / t["best_s"] / 1e9, 1),
-                             "peak_pct": round(100 * t["flops"] / t["best_s"] / 1e9 / peak, 1) if peak else None,
                              "share_pct": round(100 * t["best_s"] * t["calls"] / summary["est_tuned_s"], 1)}
                             for t in heavy if t["best_s"]]
             so = out_dir / f"{entry['name']}-{target}-tuned.so"
@@ -202,13 +203,28 @@ def markdown_tuned(result: dict[str, Any]) -> str:
             continue
         sec = r["tune_seconds"]
         parts = " / ".join(f"{sec.get(k, 0):.0f}s" for k in ("search", "build", "measure", "cost_model"))
-        heavy = "; ".join(f"{h['gflops']} ({h['peak_pct']}%, {h['share_pct']}%)" for h in r["heavy"])
+        heavy = "; ".join(f"{h['gflops']} ({100 * h['gflops'] / result['peak_gflops']:.0f}%, {h['share_pct']}%)"
+                          for h in r["heavy"])
         lines.append(f"| {r['model']} | {r['kernels']} | {r['tune_s'] / 60:.1f} min | {parts} | {r['check']} | "
                      f"{r['deploytool_ms']} | {r['onnxruntime_ms']} | {r['ratio']:.2f}x | {heavy} |")
     if result["geomean_ratio"]:
         lines.append(f"| **geomean** | | | | | | | **{result['geomean_ratio']:.2f}x** | |")
     lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def merge_results(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` with the rows of ``old`` it did not rerun (same benchmark settings), geomean redone."""
+    if not old or {k: old.get(k) for k in ("target", "trials_per_task", "threads")} != \
+            {k: new.get(k) for k in ("target", "trials_per_task", "threads")}:
+        return new
+    done = {r["model"] for r in new["models"]}
+    order = [e["name"] for e in load_manifest()["models"]]
+    rows = [r for r in old["models"] if r["model"] not in done] + new["models"]
+    rows.sort(key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    return dict(new, models=rows, geomean_ratio=round(geomean(ratios), 3) if ratios else None,
+                max_ratio=max(ratios) if ratios else None)
 
 
 def write_doc(results_dir: Path, doc: Path) -> None:

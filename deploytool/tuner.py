@@ -41,7 +41,7 @@ class TuneOptions:
     early_stop: int | None = None        # stop a task after this many trials without a 1% gain (0: never)
     seed: int = 0
     workers: int | None = None           # parallel builders (None: physical cores)
-    objective: str = "rank:pairwise"     # the cost model's objective
+    objective: str = "reg:squarederror"  # the cost model's objective (see cost_model)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
 
 
