@@ -152,11 +152,14 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
                 new = F.from_candidates(context, [candidates[i] for i in miss], self.fe)
                 for i, row in zip(miss, new):
                     self.cache[keys[i]] = row
-                while len(self.cache) > self.cache_size:
-                    self.cache.popitem(last=False)
+            out = np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, F.LENGTH), np.float32)
+            for k in keys:  # least recently used go first
+                self.cache.move_to_end(k)
+            while len(self.cache) > self.cache_size:
+                self.cache.popitem(last=False)
             self.lookups += len(keys)
             self.hits += len(keys) - len(miss)
-            return np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, F.LENGTH), np.float32)
+            return out
 
         def update(self, context, candidates, results) -> None:
             t0 = time.perf_counter()

@@ -282,3 +282,39 @@ def test_target_compatibility_rule():
     assert target_key(a.tvm) != target_key(targets.load("x86-avx2").tvm)
     assert target_key(dict(a.tvm, mattr=["+b", "+a"])) == target_key(dict(a.tvm, mattr=["+a", "+b"]))
     assert target_key(dict(a.tvm, mattr=["+a"])) != target_key(a.tvm)
+
+
+def test_cost_model_feature_cache(tiny_model):
+    """Features are cached by kernel hash with a bounded LRU: hits and evictions in one call
+    must give the same rows as a fresh extraction."""
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import pipeline, targets
+    from deploytool.cost_model import features as F
+    from deploytool.cost_model.dataset import context
+    from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
+    from deploytool.frontend import import_onnx
+    from deploytool.schedules import space
+
+    tgt = targets.load("x86")
+    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
+    task = pipeline.tasks(mod)[0]
+    wmod = pipeline.tvm_module_of(mod[task.name])
+    ctx = context(wmod, tgt)
+    from deploytool.tuner import _without_tensor_intrinsics
+
+    with _without_tensor_intrinsics(tgt):
+        sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
+                              task_name="t", num_threads=1)
+    schs = sctx.generate_design_space()
+    args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
+    cands = [ms.MeasureCandidate(s, args) for s in schs]
+    assert len(cands) >= 3
+    cm = make_tuner_cost_model(XGBCostModel(nthread=1))
+    cm.cache_size = 2
+    batch = cands + cands[:1]
+    got = cm.features(ctx, batch)
+    assert np.allclose(got, F.from_candidates(ctx, batch))
+    assert len(cm.cache) == 2
+    assert np.allclose(cm.features(ctx, cands[::-1]), F.from_candidates(ctx, cands[::-1]))
