@@ -60,6 +60,35 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+def _over_corpus(names: list[str] | None, cache: Path, one, progress) -> list[dict[str, Any]]:
+    """Rows of ``one(entry, onnx_path) -> dict`` over the corpus (or the ``names`` subset); a model
+    that fails gets an error row and never loses the others' results."""
+    rows = []
+    for entry in load_manifest()["models"]:
+        if names and entry["name"] not in names:
+            continue
+        row: dict[str, Any] = {"model": entry["name"]}
+        try:
+            row.update(one(entry, materialize(entry, cache)))
+        except Exception as e:
+            row["error"] = str(e)[:300]
+        rows.append(row)
+        progress(json.dumps(row))
+    return rows
+
+
+def _summary(kind: str, tgt, threads: int, rows: list[dict[str, Any]], **extra) -> dict[str, Any]:
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    return {
+        "benchmark": kind, "target": tgt.name, "mcpu": tgt.tvm.get("mcpu"), "threads": threads, **extra,
+        "host": {"cpu": _cpu_name(), "machine": platform.machine()},
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "geomean_ratio": round(geomean(ratios), 3) if ratios else None,
+        "max_ratio": max(ratios) if ratios else None,
+        "models": rows,
+    }
+
+
 def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str = "x86", threads: int | None = None,
                 repeats: int = 20, progress=print) -> dict[str, Any]:
     """Compile every corpus model untuned, check it against onnxruntime, and time both engines
@@ -67,35 +96,18 @@ def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str
     import deploytool
     from deploytool.targets import load, physical_cores
 
-    manifest = load_manifest()
     threads = threads or physical_cores()
     tgt = load(target)
-    rows = []
-    for entry in manifest["models"]:
-        if names and entry["name"] not in names:
-            continue
-        row: dict[str, Any] = {"model": entry["name"]}
-        try:
-            path = materialize(entry, cache)
-            so = out_dir / f"{entry['name']}-{target}.so"
-            t0 = time.perf_counter()
-            res = deploytool.compile(path, target=target, output=so)
-            row["compile_s"] = round(time.perf_counter() - t0, 2)
-            row["kernels"] = len(res.tasks)
-            row.update(check_and_time(so, path, threads, repeats))
-        except Exception as e:  # one model failing must not lose the others' results
-            row["error"] = str(e)[:300]
-        rows.append(row)
-        progress(json.dumps(row))
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    return {
-        "benchmark": "untuned", "target": tgt.name, "mcpu": tgt.tvm.get("mcpu"), "threads": threads,
-        "host": {"cpu": _cpu_name(), "machine": platform.machine()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "geomean_ratio": round(geomean(ratios), 3) if ratios else None,
-        "max_ratio": max(ratios) if ratios else None,
-        "models": rows,
-    }
+
+    def one(entry, path):
+        so = out_dir / f"{entry['name']}-{target}.so"
+        t0 = time.perf_counter()
+        res = deploytool.compile(path, target=target, output=so)
+        row = {"compile_s": round(time.perf_counter() - t0, 2), "kernels": len(res.tasks)}
+        row.update(check_and_time(so, path, threads, repeats))
+        return row
+
+    return _summary("untuned", tgt, threads, _over_corpus(names, cache, one, progress))
 
 
 def check_and_time(so: Path, path: Path, threads: int, repeats: int) -> dict[str, Any]:
@@ -138,55 +150,37 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
     against onnxruntime and time both engines."""
     from deploytool.targets import load, physical_cores
 
-    manifest = load_manifest()
     threads = threads or physical_cores()
     peak, peak_how = nominal_peak_gflops(threads, clock_ghz)
     tgt = load(target)
-    rows = []
-    for entry in manifest["models"]:
-        if names and entry["name"] not in names:
-            continue
-        row: dict[str, Any] = {"model": entry["name"]}
-        try:
-            path = materialize(entry, cache)
-            log = log_dir / f"{entry['name']}-{target}.jsonl"
-            t0 = time.perf_counter()
-            tr = subprocess.run([sys.executable, "-m", "deploytool", "tune", str(path), "--target", target,
-                                 "-o", str(log), "--trials-per-task", str(trials_per_task), "--json", "-q"],
-                                capture_output=True, text=True)
-            if tr.returncode:
-                raise DeploytoolError("tune: " + tr.stderr.strip().splitlines()[-1][:300])
-            summary = json.loads(tr.stdout)
-            row["tune_s"] = round(time.perf_counter() - t0, 1)
-            row["tune_seconds"] = {k: round(v, 1) for k, v in summary["seconds"].items()}
-            row["trials_new"] = summary["trials_new"]
-            row["kernels"] = len(summary["tasks"])
-            row["est_speedup"] = round(summary["est_untuned_s"] / summary["est_tuned_s"], 3)
-            heavy = sorted(summary["tasks"], key=lambda t: -(t["best_s"] or 0) * t["calls"])[:3]
-            row["heavy"] = [{"name": t["name"], "gflops": round(t["flops"] / t["best_s"] / 1e9, 1),
-                             "share_pct": round(100 * t["best_s"] * t["calls"] / summary["est_tuned_s"], 1)}
-                            for t in heavy if t["best_s"]]
-            so = out_dir / f"{entry['name']}-{target}-tuned.so"
-            c = subprocess.run([sys.executable, "-m", "deploytool", "compile", str(path), "--target", target,
-                                "--tuning-log", str(log), "--require-tuned", "-q", "-o", str(so)],
-                               capture_output=True, text=True)
-            if c.returncode:
-                raise DeploytoolError("compile: " + c.stderr.strip().splitlines()[-1][:300])
-            row.update(check_and_time(so, path, threads, repeats))
-        except Exception as e:  # one model failing must not lose the others' results
-            row["error"] = str(e)[:300]
-        rows.append(row)
-        progress(json.dumps(row))
-    ratios = [r["ratio"] for r in rows if "ratio" in r]
-    return {
-        "benchmark": "tuned", "target": tgt.name, "mcpu": tgt.tvm.get("mcpu"), "threads": threads,
-        "trials_per_task": trials_per_task, "peak_gflops": round(peak, 1), "peak": peak_how,
-        "host": {"cpu": _cpu_name(), "machine": platform.machine()},
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "geomean_ratio": round(geomean(ratios), 3) if ratios else None,
-        "max_ratio": max(ratios) if ratios else None,
-        "models": rows,
-    }
+
+    def deploytool_cli(*args: str, what: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "deploytool", *args], capture_output=True, text=True)
+        if r.returncode:
+            raise DeploytoolError(f"{what}: " + r.stderr.strip().splitlines()[-1][:300])
+        return r.stdout
+
+    def one(entry, path):
+        log = log_dir / f"{entry['name']}-{target}.jsonl"
+        t0 = time.perf_counter()
+        summary = json.loads(deploytool_cli("tune", str(path), "--target", target, "-o", str(log), "--trials-per-task",
+                                            str(trials_per_task), "--json", "-q", what="tune"))
+        heavy = sorted(summary["tasks"], key=lambda t: -(t["best_s"] or 0) * t["calls"])[:3]
+        row = {"tune_s": round(time.perf_counter() - t0, 1),
+               "tune_seconds": {k: round(v, 1) for k, v in summary["seconds"].items()},
+               "trials_new": summary["trials_new"], "kernels": len(summary["tasks"]),
+               "est_speedup": round(summary["est_untuned_s"] / summary["est_tuned_s"], 3),
+               "heavy": [{"name": t["name"], "gflops": round(t["flops"] / t["best_s"] / 1e9, 1),
+                          "share_pct": round(100 * t["best_s"] * t["calls"] / summary["est_tuned_s"], 1)}
+                         for t in heavy if t["best_s"]]}
+        so = out_dir / f"{entry['name']}-{target}-tuned.so"
+        deploytool_cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
+                       "-o", str(so), what="compile")
+        row.update(check_and_time(so, path, threads, repeats))
+        return row
+
+    return _summary("tuned", tgt, threads, _over_corpus(names, cache, one, progress),
+                    trials_per_task=trials_per_task, peak_gflops=round(peak, 1), peak=peak_how)
 
 
 def markdown_tuned(result: dict[str, Any]) -> str:
