@@ -41,11 +41,28 @@ class MeasureSettings:
 
 
 # --------------------------------------------------------------------------- workers
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
+    _die_with_parent(parent)
     # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
     # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
     os.environ["TVM_NUM_THREADS"] = str(threads or 1)
     import tvm  # noqa: F401  (imported once per worker)
+
+
+def _die_with_parent(parent: int) -> None:
+    """A worker must not outlive a tuning run killed with kill -9 (it would hold a core)."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str, cross: bool, out_path: str) -> str:
@@ -118,11 +135,11 @@ class LocalMeasurer:
         if which == "build":
             if self._builders is None:
                 self._builders = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
-                                                        initargs=(1,))
+                                                        initargs=(1, os.getpid()))
             return self._builders
         if self._timer is None:
             self._timer = cf.ProcessPoolExecutor(1, mp_context=self._ctx, initializer=_init_worker,
-                                                 initargs=(self.threads,))
+                                                 initargs=(self.threads, os.getpid()))
         return self._timer
 
     def _reset(self, which: str) -> None:

@@ -184,8 +184,8 @@ def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
 
 
 def test_kill9_resumes(tmp_path, tiny_model):
-    """kill -9 in the middle of a run loses at most the batch in flight; rerunning the same
-    command measures nothing twice and finishes the budget."""
+    """kill -9 in the middle of a run loses at most the batch in flight and leaves no worker
+    behind; rerunning the same command measures nothing twice and finishes the budget."""
     log = tmp_path / "k.jsonl"
     cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
            "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
@@ -199,8 +199,26 @@ def test_kill9_resumes(tmp_path, tiny_model):
         if p.poll() is not None:
             pytest.fail(f"tuning ended before it could be killed: {p.stderr.read().decode()[-2000:]}")
         time.sleep(0.2)
-    os.killpg(p.pid, signal.SIGKILL)
+    import psutil
+
+    workers = psutil.Process(p.pid).children(recursive=True)
+    assert workers, "the build and timing workers should be running"
+    os.kill(p.pid, signal.SIGKILL)  # the tuner alone: its workers must not outlive it
     p.wait()
+    def alive():
+        out = []
+        for w in workers:
+            try:
+                if w.is_running() and w.status() != psutil.STATUS_ZOMBIE:
+                    out.append(w)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.time() + 20
+    while alive() and time.time() < deadline:
+        time.sleep(0.2)
+    assert not alive(), f"workers outlived the killed tuner: {alive()}"
     before = _read(log)
     n_before = sum(1 for r in before.records if r.source == "search")
     assert n_before >= 4
