@@ -336,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, help="parallel build processes (default: physical cores)")
     s.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate (default: 3)")
     s.add_argument("--min-repeat-ms", type=int, default=10, help="each repeat runs at least this long (default: 10)")
-    s.add_argument("--cache-flush", action="store_true", help="flush CPU caches before each repeat")
+    s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
+                   help="time candidates with warm caches (default: caches flushed before each repeat)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
     shape_arg(s)

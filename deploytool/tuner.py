@@ -188,6 +188,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         old = TuningLog.read(log_path)
         old.check_target(target)
     header = make_header(target, device=measurer.device(), measure=opts.measure.to_dict(), model=model)
+    if old is not None and old.header.get("measure") != header["measure"]:
+        log.warning("tuning log %s was measured with %s; this run measures with %s: their latencies are "
+                    "not strictly comparable", log_path, old.header.get("measure"), header["measure"])
     measured: dict[str, Record] = {}
     resumed = 0
     if old is not None:
