@@ -204,6 +204,7 @@ def markdown_tuned(result: dict[str, Any]) -> str:
     if result["geomean_ratio"]:
         lines.append(f"| **geomean** | | | | | | | **{result['geomean_ratio']:.2f}x** | |")
     lines.append("")
+    lines += [f"- {r['model']}: {r['note']}" for r in result["models"] if r.get("note")]
     return "\n".join(lines) + "\n"
 
 
