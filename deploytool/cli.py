@@ -154,7 +154,9 @@ def cmd_bench(args) -> int:
 
 
 def _ms(s) -> str:
-    return "-" if s is None or s == float("inf") else f"{s * 1e3:.3f}"
+    if s is None or s == float("inf"):
+        return "-"
+    return f"{s * 1e3:.3f}" if s >= 1e-4 else f"{s * 1e3:.2g}"
 
 
 def _dur(s: float | None) -> str:
@@ -177,7 +179,7 @@ class _TuneView:
             return
         t = p.tasks[p.current]
         head = (f"[{p.trials_done:5d}/{p.trials_budget} trials, {_dur(p.elapsed_s)}, left ~{_dur(p.eta_s)}] "
-                f"est. end-to-end {p.est_tuned_s * 1e3:.2f} ms (untuned {p.est_untuned_s * 1e3:.2f} ms)")
+                f"est. end-to-end {_ms(p.est_tuned_s)} ms (untuned {_ms(p.est_untuned_s)} ms)")
         if not self.tty:
             print(f"{head} | {t.name[:40]}: {_ms(t.best_s)} ms (untuned {_ms(t.default_s)}), {t.trials} trials"
                   + (f", {t.done}" if t.done else ""), file=sys.stderr, flush=True)
@@ -214,8 +216,8 @@ def cmd_tune(args) -> int:
             sp = f"{t.speedup:.2f}x" if t.speedup == t.speedup else "-"
             print(f"{t.name[:44]:44s} {t.calls:5d} {t.flops / 1e9:7.3f} {_ms(t.default_s):>10s} {_ms(t.best_s):>9s} "
                   f"{sp:>7s} {t.trials:6d}  {t.done}")
-        print(f"estimated end to end (sum of kernels x calls): untuned {r.est_untuned_s * 1e3:.3f} ms -> tuned "
-              f"{r.est_tuned_s * 1e3:.3f} ms ({r.est_untuned_s / r.est_tuned_s if r.est_tuned_s else float('nan'):.2f}x)")
+        print(f"estimated end to end (sum of kernels x calls): untuned {_ms(r.est_untuned_s)} ms -> tuned "
+              f"{_ms(r.est_tuned_s)} ms ({r.est_untuned_s / r.est_tuned_s if r.est_tuned_s else float('nan'):.2f}x)")
         sec = r.seconds
         print(f"{r.trials_new} new trials in {_dur(sec['total'])}: " + ", ".join(
             f"{k} {v:.1f}s" for k, v in sec.items() if k != "total"))
