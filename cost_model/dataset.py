@@ -28,9 +28,9 @@ class Group:
 def context(mod, target):
     from tvm.s_tir import meta_schedule as ms
 
-    from deploytool.tuner import _without_tensor_intrinsics
+    from deploytool.schedules.space import without_tensor_intrinsics
 
-    with _without_tensor_intrinsics(target):
+    with without_tensor_intrinsics(target):
         return ms.TuneContext(mod=mod, target=target.tvm_target(), task_name="dataset", num_threads=1)
 
 
@@ -39,7 +39,7 @@ def groups_from_log(tlog, target, min_records: int = 8) -> list[Group]:
     import tvm
 
     from deploytool.cost_model import features as F
-    from deploytool.tuner import replay_trace
+    from deploytool.schedules.space import replay_trace, workload_module
 
     fe = F.extractor()
     out = []
@@ -47,8 +47,7 @@ def groups_from_log(tlog, target, min_records: int = 8) -> list[Group]:
         w = tlog.workloads.get(h)
         if w is None or len(recs) < min_records:
             continue
-        func = tvm.ir.load_json(w.ir)
-        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        mod = workload_module(tvm.ir.load_json(w.ir))
         schs, lats = [], []
         for r in recs:
             try:

@@ -124,6 +124,8 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
     from tvm.s_tir import meta_schedule as ms
     from tvm.ir.utils import derived_object
 
+    from deploytool.schedules.space import kernel_hash
+
     @derived_object
     class TunerCostModel(ms.cost_model.PyCostModel):
         def __init__(self):
@@ -134,7 +136,6 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
             self.warmup = warmup
             self.cache: OrderedDict = OrderedDict()
             self.cache_size = 20000
-            self.lookups = self.hits = 0
 
         def load(self, path: str) -> None:  # the tuner warm-starts from logs instead
             pass
@@ -157,16 +158,13 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
                 self.cache.move_to_end(k)
             while len(self.cache) > self.cache_size:
                 self.cache.popitem(last=False)
-            self.lookups += len(keys)
-            self.hits += len(keys) - len(miss)
             return out
 
         def update(self, context, candidates, results) -> None:
             t0 = time.perf_counter()
             feats = self.features(context, candidates)
             lat = [_median(r.run_secs) if r.run_secs else FAILED for r in results]
-            group = f"{tvm_ffi.structural_hash(context.mod) & 0xFFFFFFFFFFFFFFFF:016x}"
-            self.model.add(group, feats, lat)
+            self.model.add(kernel_hash(context.mod), feats, lat)
             if self.model.size >= self.warmup and self.model.size - self.model.trained_on >= max(
                     1, self.model.trained_on // 5):
                 self.model.fit()

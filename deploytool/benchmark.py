@@ -78,10 +78,12 @@ def _over_corpus(names: list[str] | None, cache: Path, one, progress) -> list[di
 
 
 def _summary(kind: str, tgt, threads: int, rows: list[dict[str, Any]], **extra) -> dict[str, Any]:
+    from deploytool.targets import cpu_name
+
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     return {
         "benchmark": kind, "target": tgt.name, "mcpu": tgt.tvm.get("mcpu"), "threads": threads, **extra,
-        "host": {"cpu": _cpu_name(), "machine": platform.machine()},
+        "host": {"cpu": cpu_name(), "machine": platform.machine()},
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "geomean_ratio": round(geomean(ratios), 3) if ratios else None,
         "max_ratio": max(ratios) if ratios else None,
@@ -184,28 +186,49 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
 
 
 def markdown_tuned(result: dict[str, Any]) -> str:
+    def heavy(r):
+        return "; ".join(f"{h['gflops']} ({100 * h['gflops'] / result['peak_gflops']:.0f}%, {h['share_pct']}%)"
+                         for h in r["heavy"])
+
+    def parts(r):
+        return " / ".join(f"{r['tune_seconds'].get(k, 0):.0f}s" for k in ("search", "build", "measure", "cost_model"))
+
     lines = [f"Tuned with up to {result['trials_per_task']} trials per kernel, target `{result['target']}` "
              f"({result['mcpu']}), {result['threads']} threads, {result['host']['cpu']}, {result['date']}. "
-             f"Peak used for %: {result['peak_gflops']} GFLOP/s ({result['peak']}).",
-             "",
-             "| model | kernels | tune time | of it: search / build / measure / cost model | check | deploytool ms "
-             "| onnxruntime ms | ratio | heaviest kernels: GFLOP/s (% peak, % of time) |",
-             "|---|---:|---:|---|---|---:|---:|---:|---|"]
-    for r in result["models"]:
-        if "error" in r:
-            lines.append(f"| {r['model']} | | | | error: {r['error'][:80]} | | | | |")
-            continue
-        sec = r["tune_seconds"]
-        parts = " / ".join(f"{sec.get(k, 0):.0f}s" for k in ("search", "build", "measure", "cost_model"))
-        heavy = "; ".join(f"{h['gflops']} ({100 * h['gflops'] / result['peak_gflops']:.0f}%, {h['share_pct']}%)"
-                          for h in r["heavy"])
-        lines.append(f"| {r['model']} | {r['kernels']} | {r['tune_s'] / 60:.1f} min | {parts} | {r['check']} | "
-                     f"{r['deploytool_ms']} | {r['onnxruntime_ms']} | {r['ratio']:.2f}x | {heavy} |")
-    if result["geomean_ratio"]:
-        lines.append(f"| **geomean** | | | | | | | **{result['geomean_ratio']:.2f}x** | |")
+             f"Peak used for %: {result['peak_gflops']} GFLOP/s ({result['peak']}).", ""]
+    lines += _table(result, [("model", "l", lambda r: r["model"]), ("kernels", "r", lambda r: str(r["kernels"])),
+                             ("tune time", "r", lambda r: f"{r['tune_s'] / 60:.1f} min"),
+                             ("of it: search / build / measure / cost model", "l", parts),
+                             ("check", "l", lambda r: r["check"]),
+                             ("deploytool ms", "r", lambda r: str(r["deploytool_ms"])),
+                             ("onnxruntime ms", "r", lambda r: str(r["onnxruntime_ms"])),
+                             ("ratio", "r", lambda r: f"{r['ratio']:.2f}x"),
+                             ("heaviest kernels: GFLOP/s (% peak, % of time)", "l", heavy)])
     lines.append("")
     lines += [f"- {r['model']}: {r['note']}" for r in result["models"] if r.get("note")]
     return "\n".join(lines) + "\n"
+
+
+def _table(result: dict[str, Any], columns) -> list[str]:
+    """Markdown table lines of a benchmark result. ``columns``: (title, "l" or "r" alignment,
+    cell(row) -> str). A model that failed shows its error in the "check" column; the last row
+    is the geomean of the "ratio" column."""
+    titles = [c[0] for c in columns]
+
+    def line(cells):
+        return "| " + " | ".join(cells) + " |"
+
+    lines = [line(titles), "|" + "|".join("---:" if c[1] == "r" else "---" for c in columns) + "|"]
+    for r in result["models"]:
+        if "error" in r:
+            lines.append(line([r["model"] if t == "model" else f"error: {r['error'][:80]}" if t == "check" else ""
+                               for t in titles]))
+        else:
+            lines.append(line([c[2](r) for c in columns]))
+    if result["geomean_ratio"]:
+        lines.append(line(["**geomean**" if t == "model" else f"**{result['geomean_ratio']:.2f}x**" if t == "ratio"
+                           else "" for t in titles]))
+    return lines
 
 
 def merge_results(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -238,29 +261,14 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     doc.write_text("\n".join(parts))
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def markdown(result: dict[str, Any]) -> str:
     lines = [f"Untuned, target `{result['target']}` ({result['mcpu']}), {result['threads']} threads, "
-             f"{result['host']['cpu']}, {result['date']}.",
-             "",
-             "| model | kernels | compile s | check | deploytool ms | onnxruntime ms | ratio |",
-             "|---|---:|---:|---|---:|---:|---:|"]
-    for r in result["models"]:
-        if "error" in r:
-            lines.append(f"| {r['model']} | | | error: {r['error'][:80]} | | | |")
-            continue
-        lines.append(f"| {r['model']} | {r['kernels']} | {r['compile_s']} | {r['check']} | {r['deploytool_ms']} | "
-                     f"{r['onnxruntime_ms']} | {r['ratio']:.2f}x |")
-    lines.append(f"| **geomean** | | | | | | **{result['geomean_ratio']:.2f}x** |")
+             f"{result['host']['cpu']}, {result['date']}.", ""]
+    lines += _table(result, [("model", "l", lambda r: r["model"]), ("kernels", "r", lambda r: str(r["kernels"])),
+                             ("compile s", "r", lambda r: str(r["compile_s"])), ("check", "l", lambda r: r["check"]),
+                             ("deploytool ms", "r", lambda r: str(r["deploytool_ms"])),
+                             ("onnxruntime ms", "r", lambda r: str(r["onnxruntime_ms"])),
+                             ("ratio", "r", lambda r: f"{r['ratio']:.2f}x")])
     lines.append("")
     lines.append("ratio = deploytool median / onnxruntime median (below 1: deploytool faster); both in one run, "
                  "same inputs, same threads.")

@@ -132,7 +132,7 @@ class LocalMeasurer:
     def device(self) -> dict:
         from deploytool import targets
 
-        return {"kind": "local", "arch": targets.host_arch(), "cpu": _cpu_name(), "threads": self.threads}
+        return {"kind": "local", "arch": targets.host_arch(), "cpu": targets.cpu_name(), "threads": self.threads}
 
     def _pool(self, which: str):
         if which == "build":
@@ -218,10 +218,9 @@ class LocalMeasurer:
 
     def measure(self, mods: list, args: list) -> list[Outcome]:
         """Build and time kernels; ``args[i]`` are kernel i's (shape, dtype) pairs."""
-        each = args
         built = self.build(mods)
         paths = [b for b in built if isinstance(b, str)]
-        timed = iter(self.run(paths, [a for a, b in zip(each, built) if isinstance(b, str)]))
+        timed = iter(self.run(paths, [a for a, b in zip(args, built) if isinstance(b, str)]))
         return [next(timed) if isinstance(b, str) else b for b in built]
 
     def close(self) -> None:
@@ -239,16 +238,3 @@ class LocalMeasurer:
 def _one_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
     return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()

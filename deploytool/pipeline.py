@@ -123,17 +123,18 @@ def tasks(mod) -> list[Task]:
 
 def workload_hash(func) -> str:
     """A kernel's identity: the structural hash of its unscheduled TIR (name excluded)."""
-    import tvm_ffi
+    from deploytool.schedules.space import kernel_hash
 
-    return f"{tvm_ffi.structural_hash(func.without_attr('global_symbol')) & 0xFFFFFFFFFFFFFFFF:016x}"
+    return kernel_hash(func.without_attr("global_symbol"))
 
 
 def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None, require_tuned: bool = False):
     """Schedule every task that has a record in ``tuning_log`` with its best record's trace.
     ``report`` gets kernel name -> "tuned". With ``require_tuned``, a task without a record is a
     TuningLogError naming every such kernel (CI mode)."""
-    from tvm import s_tir, tirx
+    from tvm import tirx
 
+    from deploytool.schedules.space import replay_trace, workload_module
     from deploytool.tuninglog import TuningLogError
 
     tuning_log.check_target(target)
@@ -147,8 +148,7 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
             missing.append(gv.name_hint)
             continue
         try:
-            sch = s_tir.Schedule(tvm_module_of(func))
-            s_tir.Trace.apply_json_to_schedule(rec.trace, sch)
+            sch = replay_trace(workload_module(func), rec.trace)
         except Exception as e:
             log.warning("record for %s does not apply (%s): default schedule used", gv.name_hint, describe(e))
             missing.append(gv.name_hint)
@@ -167,12 +167,6 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
     for gv, func in updated.items():
         mod[gv] = func
     return mod, sorted(missing)
-
-
-def tvm_module_of(func):
-    import tvm
-
-    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
 def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, require_tuned: bool = False):

@@ -15,19 +15,15 @@ The loop is ours (not MetaSchedule's TaskScheduler) so that it can:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import sys
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from deploytool.errors import DeploytoolError
-from deploytool.pipeline import tvm_module_of
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome
+from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
 from deploytool.tuninglog import LogWriter, Record, TuningLog, Workload, make_header, to_py
 
 log = logging.getLogger(__name__)
@@ -116,37 +112,6 @@ def _estimate(states: list[TaskState], attr: str) -> float:
     return total
 
 
-def _hash(mod) -> str:
-    import tvm_ffi
-
-    return f"{tvm_ffi.structural_hash(mod) & 0xFFFFFFFFFFFFFFFF:016x}"
-
-
-@contextlib.contextmanager
-def _without_tensor_intrinsics(target):
-    """TuneContext imports every tensor intrinsic TVM has (17 s on the 2-core machine, nearly all
-    of it CUDA's). CPU tuning uses none, so the import is stubbed while contexts are made, then
-    restored, so that a later real import still works."""
-    name = "tvm.s_tir.tensor_intrin"
-    if target.family not in ("x86", "arm") or name in sys.modules:
-        yield
-        return
-    sys.modules[name] = types.ModuleType(name)
-    try:
-        yield
-    finally:
-        sys.modules.pop(name, None)
-
-
-def replay_trace(wmod, trace_json):
-    """A schedule of ``wmod`` with a logged trace applied (raises if it does not apply)."""
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(wmod)
-    s_tir.Trace.apply_json_to_schedule(trace_json, sch)
-    return sch
-
-
 def tune(partitioned_mod, task_list, target, log_path: str | Path, options: TuneOptions | None = None,
          on_progress: Callable[[TuneProgress], None] | None = None, model: dict | None = None) -> TuneResult:
     """Tune every task of a partitioned module for ``target``, appending to ``log_path``."""
@@ -208,7 +173,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     writer = LogWriter(log_path, header, known_workloads=old.workloads if old else ())
     wmods = {}
     for st in states:
-        wmods[st.workload] = tvm_module_of(funcs[st.workload])
+        wmods[st.workload] = workload_module(funcs[st.workload])
         writer.workload(Workload(st.workload, st.name, st.flops, st.args, tvm.ir.save_json(funcs[st.workload]),
                                  st.calls))
 
@@ -236,7 +201,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 jobs.append((st, sch))
             outs = measurer.measure([sch.mod for _, sch in jobs], [st.args for st, _ in jobs])
             for (st, sch), out in zip(jobs, outs):
-                r = record(st, _hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
+                r = record(st, kernel_hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
                 seeded.append((st, sch))
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
@@ -265,7 +230,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         for i, st in enumerate(states):
             if st.done:
                 continue
-            with _without_tensor_intrinsics(target):
+            with without_tensor_intrinsics(target):
                 ctx = ms.TuneContext(mod=wmods[st.workload], target=tvm_target, space_generator=space.space_generator(target),
                                      search_strategy=space.search_strategy(cfg), task_name=st.name,
                                      rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
@@ -278,7 +243,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         seconds["warm_start"] += time.perf_counter() - t0
 
         for st, sch in seeded:  # this run's default schedules: the search starts from them
-            rec = measured.get(_hash(sch.mod))
+            rec = measured.get(kernel_hash(sch.mod))
             if rec is not None and rec.ok:
                 database.commit_tuning_record(ms.database.TuningRecord(
                     sch.trace, database.commit_workload(wmods[st.workload]), rec.latency_s, tvm_target,
@@ -307,45 +272,45 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             if not cands:
                 st.done = "search space exhausted"
                 continue
-            hashes = [_hash(c.sch.mod) for c in cands]
-            fresh = [j for j, h in enumerate(hashes) if h not in measured]
+            hashes = [kernel_hash(c.sch.mod) for c in cands]
+            # unmeasured candidates, each kernel once (a batch may propose one twice), within budget
+            fresh, seen = [], set()
+            for j, h in enumerate(hashes):
+                if h not in measured and h not in seen:
+                    seen.add(h)
+                    fresh.append(j)
             fresh = fresh[: max(0, budget_left - done_new)]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
-            results = []
-            new_cands, new_results = [], []
             got = dict(zip(fresh, outs))
             wl = database.commit_workload(wmods[st.workload])
-            used = []
+            used, results, new = [], [], []  # new: positions in `used` measured this round
             for j, c in enumerate(cands):
-                if j not in got and hashes[j] not in measured:
-                    continue  # past the budget: neither measured nor known
-                used.append(c)
                 if j in got:
                     r = record(st, hashes[j], to_py(c.sch.trace.as_json(remove_postproc=False)), got[j], "search")
                     st.trials += 1
                     st.new_trials += 1
                     st.since_gain += 1
                     done_new += 1
-                else:
+                elif hashes[j] in measured:
                     r = measured[hashes[j]]
                     st.cached += 1
-                rr = ms.runner.RunnerResult(r.latency_s if r.ok else None, None if r.ok else r.error)
-                results.append(rr)
-                if j in got:
-                    new_cands.append(c)
-                    new_results.append(rr)
-                    if r.ok:
-                        database.commit_tuning_record(ms.database.TuningRecord(
-                            c.sch.trace, wl, r.latency_s, tvm_target, c.args_info))
+                else:
+                    continue  # past the budget: neither measured nor known
+                used.append(c)
+                results.append(ms.runner.RunnerResult(r.latency_s if r.ok else None, None if r.ok else r.error))
                 if r.ok and r.seconds < st.best_s:
                     if r.seconds < st.best_s * 0.99:
                         st.since_gain = 0
                     st.best_s = r.seconds
                 if j in got:
+                    new.append(len(used) - 1)
                     st.curve.append((st.trials, st.best_s))
+                    if r.ok:
+                        database.commit_tuning_record(ms.database.TuningRecord(
+                            c.sch.trace, wl, r.latency_s, tvm_target, c.args_info))
             ctx.notify_runner_results(used, results)
-            if new_cands:
-                cost_model.update(ctx, new_cands, new_results)
+            if new:
+                cost_model.update(ctx, [used[i] for i in new], [results[i] for i in new])
                 st.empty_rounds = 0
             else:
                 st.empty_rounds += 1
@@ -432,7 +397,7 @@ def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_tar
         return
     args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
     cands = [ms.MeasureCandidate(s, args_info) for s in schs]
-    model.add(f"{_hash(ctx.mod)}", F.from_candidates(ctx, cands, fe), np.array(lats))
+    model.add(kernel_hash(ctx.mod), F.from_candidates(ctx, cands, fe), np.array(lats))
     wl = database.commit_workload(ctx.mod)
     for sch, r in best_schs:
         database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, r.latency_s, tvm_target, args_info))
@@ -443,7 +408,3 @@ def _quiet_logger():
     lg = logging.getLogger("deploytool.metaschedule")
     lg.setLevel(logging.WARNING)
     return lg
-
-
-class TuneError(DeploytoolError):
-    """Tuning could not start (bad budget, unsupported target)."""

@@ -18,7 +18,51 @@ This module knows nothing of logs, the cost model or the CLI.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import types
 from dataclasses import dataclass
+
+
+# --------------------------------------------------------------------------- kernels and traces
+def kernel_hash(obj) -> str:
+    """16 hex digits of TVM's structural hash: how kernels (workloads) and scheduled candidates
+    are identified in tuning logs and caches."""
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(obj) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def workload_module(func):
+    """A kernel as the one-function IRModule MetaSchedule and trace replay work on."""
+    import tvm
+
+    return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def replay_trace(wmod, trace_json):
+    """A schedule of ``wmod`` with a logged (JSON) trace applied; raises if it does not apply."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(wmod)
+    s_tir.Trace.apply_json_to_schedule(trace_json, sch)
+    return sch
+
+
+@contextlib.contextmanager
+def without_tensor_intrinsics(target):
+    """MetaSchedule's TuneContext imports every tensor intrinsic TVM has (17 s on the 2-core
+    machine, nearly all of it CUDA's). CPU spaces use none, so the import is stubbed while
+    contexts are made, then restored, so that a later real import still works."""
+    name = "tvm.s_tir.tensor_intrin"
+    if target.family not in ("x86", "arm") or name in sys.modules:
+        yield
+        return
+    sys.modules[name] = types.ModuleType(name)
+    try:
+        yield
+    finally:
+        sys.modules.pop(name, None)
 
 
 @dataclass(frozen=True)

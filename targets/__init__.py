@@ -171,6 +171,18 @@ def host_arch() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
+def cpu_name() -> str:
+    """This machine's CPU model name (/proc/cpuinfo), for logs and benchmark records."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def host_cpu_flags(cpuinfo: str | None = None) -> set[str]:
     """The CPU flags of this machine (x86 'flags', aarch64 'Features')."""
     if cpuinfo is None:

@@ -59,7 +59,7 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
     that record (same scheduled kernel); the build passes the onnxruntime check."""
     from deploytool import pipeline, targets
     from deploytool.frontend import import_onnx
-    from deploytool.tuner import replay_trace
+    from deploytool.schedules.space import kernel_hash, replay_trace, workload_module
 
     log, summary = tuned
     tlog = _read(log)
@@ -73,10 +73,8 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
         if not hasattr(func, "body") or not hasattr(func, "params") or "relax" in type(func).__module__:
             continue
         rec = best[pipeline.workload_hash(func)]
-        sch = replay_trace(pipeline.tvm_module_of(func), rec.trace)
-        from deploytool.tuner import _hash
-
-        assert _hash(sch.mod) == rec.candidate, gv.name_hint
+        sch = replay_trace(workload_module(func), rec.trace)
+        assert kernel_hash(sch.mod) == rec.candidate, gv.name_hint
     so = tmp_path / "tuned.so"
     r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", so)
     assert r.code == 0, r
@@ -318,11 +316,9 @@ def test_cost_model_feature_cache(tiny_model):
     tgt = targets.load("x86")
     mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
     task = pipeline.tasks(mod)[0]
-    wmod = pipeline.tvm_module_of(mod[task.name])
+    wmod = space.workload_module(mod[task.name])
     ctx = context(wmod, tgt)
-    from deploytool.tuner import _without_tensor_intrinsics
-
-    with _without_tensor_intrinsics(tgt):
+    with space.without_tensor_intrinsics(tgt):
         sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
                               task_name="t", num_threads=1)
     schs = sctx.generate_design_space()
