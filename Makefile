@@ -46,7 +46,7 @@ demo: setup
 	$(DT) bench $(OUT)/squeezenet.so --compare $(MODEL)
 
 test: toolchains setup
-	$(PY) -m pytest -n 2 -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup -m "not slow and not gpu" $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -m fast $(PYTEST_ARGS)

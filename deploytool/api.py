@@ -26,7 +26,7 @@ from deploytool.errors import CheckError, InputError, ShapeError
 from deploytool.frontend import ModelInfo, import_onnx, load_onnx, model_info, parse_input_shapes
 from deploytool.pipeline import Task
 from deploytool.reference import OutputComparison, compare, ort_run, ort_session
-from deploytool.runner import LocalRunner, Timing, time_callable
+from deploytool.runner import LocalRunner, Timing, runner_for, time_callable
 
 Progress = Callable[[str], None]
 
@@ -132,6 +132,9 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     if tuning_log is not None:
         tlog = TuningLog.read(tuning_log)
         tlog.check_target(tgt)
+        if tlog.header.get("emulated"):
+            progress(f"warning: {Path(tuning_log).name} was measured on an emulated board "
+                     f"({tlog.header['emulated']}): fine for testing the pipeline, not tuning to ship")
     times: dict[str, float] = {}
 
     def stage(name, fn, *a):
@@ -178,6 +181,15 @@ class RunResult:
         return self.comparison is None or all(c.ok for c in self.comparison)
 
 
+def _device_spec(device):
+    """A DeviceSpec from a spec, "HOST:PORT" or "KEY@HOST:PORT" (a tracker); None stays None (local)."""
+    from deploytool import device as _device
+
+    if device is None or isinstance(device, _device.DeviceSpec):
+        return device
+    return _device.parse(device=str(device))
+
+
 def _inputs_for(artifact: Artifact, inputs, seed: int) -> dict[str, np.ndarray]:
     from deploytool.inputs import load_inputs, random_inputs
 
@@ -198,15 +210,16 @@ def _check_model_warning(artifact: Artifact, model: str | Path) -> list[str]:
 
 
 def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, check: str | Path | None = None,
-        rtol: float = 1e-4, seed: int = 0, threads: int | None = None) -> RunResult:
-    """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``."""
+        rtol: float = 1e-4, seed: int = 0, threads: int | None = None, device=None) -> RunResult:
+    """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``.
+    ``device``: a board (``deploytool.device.parse(rpc=...)`` or "HOST:PORT"); default: this machine."""
     from deploytool.inputs import save_outputs
 
     _check_threads(threads)
     _require(rtol > 0 and rtol == rtol and rtol != float("inf"), "--rtol", rtol, "a finite tolerance > 0, e.g. 1e-4")
     art = Artifact.open(artifact)
     feed = _inputs_for(art, inputs, seed)
-    runner = LocalRunner(art, threads=threads)
+    runner = runner_for(art, _device_spec(device), threads)
     outs = runner.run(feed)
     if output is not None:
         save_outputs(output, outs)
@@ -253,15 +266,26 @@ class BenchResult:
 
 
 def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=None, warmup: int = 3,
-          repeats: int = 20, min_seconds: float = 0.5, threads: int | None = None, seed: int = 0) -> BenchResult:
+          repeats: int = 20, min_seconds: float = 0.5, threads: int | None = None, seed: int = 0,
+          device=None) -> BenchResult:
     """Latency of an artifact (min/median/p90); with ``compare``, onnxruntime on the same inputs and
-    the same number of threads, in the same run."""
+    the same number of threads, in the same run. ``device``: time it on a board instead (timed there)."""
     _check_threads(threads)
     _require(repeats >= 1, "--repeats", repeats, "at least 1 timed run")
     _require(warmup >= 0, "--warmup", warmup, "0 or more warm-up runs")
     art = Artifact.open(artifact)
     threads = threads or _targets.physical_cores()
     feed = _inputs_for(art, inputs, seed)
+    spec = _device_spec(device)
+    if spec is not None:
+        if compare is not None:
+            raise InputError("--compare times onnxruntime on this machine, not on the board",
+                             "drop --compare with --device (run onnxruntime on the board itself to compare)")
+        runner = runner_for(art, spec)
+        ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+        notes = [f"the board {runner.board.name} is emulated ({runner.board.emulated}): these timings say nothing "
+                 "about a real board"] if runner.board.emulated else []
+        return BenchResult(artifact=str(artifact), threads=0, deploytool=ours, warnings=notes)
     LocalRunner.check_loadable(art)
     warnings: list[str] = []
     theirs = None
@@ -290,9 +314,11 @@ def default_log_name(model: str | Path, target: str) -> str:
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
-         on_progress=None, progress: Progress = _noop):
+         device=None, on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
-    (appended and flushed as they arrive). Rerunning the same command resumes."""
+    (appended and flushed as they arrive). Rerunning the same command resumes.
+    ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
+    needed when the target is not this machine's architecture."""
     from deploytool import pipeline
     from deploytool.measure import MeasureSettings
     from deploytool.tuner import TuneOptions
@@ -308,13 +334,19 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
+    spec = _device_spec(device)
+    if spec is None and tgt.arch != _targets.host_arch():
+        raise _targets.TargetError(f"target '{tgt.name}' builds for {tgt.arch}; its kernels must be timed on such a "
+                                   f"board, and this machine is {_targets.host_arch()}",
+                                   "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
+                                   "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     imported = import_onnx(model, _shapes(input_shapes))
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}")
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
-                       seed=seed, workers=workers, measure=measure or MeasureSettings(),
+                       seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256})
@@ -344,14 +376,20 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
     return logs.stats(new), dropped
 
 
-def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None):
-    """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target)."""
+def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
+               allow_emulated: bool = False):
+    """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
+    or holds timings from an emulated board, unless ``allow_emulated``)."""
     from deploytool import logs, pipeline
-    from deploytool.tuninglog import TuningLog
+    from deploytool.tuninglog import TuningLog, TuningLogError
 
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
     tlog.check_target(tgt)
+    if tlog.header.get("emulated") and not allow_emulated:
+        raise TuningLogError(f"tuning log {log} was measured on an emulated board ({tlog.header['emulated']}): its "
+                             f"timings do not rank schedules for a real {tgt.arch} board",
+                             "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
     task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt))
     return logs.coverage(tlog, task_list)

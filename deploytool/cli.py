@@ -112,7 +112,7 @@ def cmd_run(args) -> int:
 
     try:
         res = api.run(args.artifact, inputs=args.inputs, output=args.output, check=args.check, rtol=args.rtol,
-                      seed=args.seed, threads=args.threads)
+                      seed=args.seed, threads=args.threads, device=_device_arg(args))
     except CheckError as e:
         if e.report is not None:
             _print_comparison(e.report)
@@ -132,17 +132,26 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _device_arg(args):
+    from deploytool import device
+
+    return device.parse(rpc=getattr(args, "rpc", None), tracker=getattr(args, "tracker", None),
+                        key=getattr(args, "key", None), device=getattr(args, "device", None))
+
+
 def cmd_bench(args) -> int:
     from deploytool import api
 
+    dev = _device_arg(args)
     r = api.bench(args.artifact, compare=args.compare, inputs=args.inputs, warmup=args.warmup, repeats=args.repeats,
-                  threads=args.threads, seed=args.seed)
+                  threads=args.threads, seed=args.seed, device=dev)
     for w in r.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
-    print(f"threads {r.threads}, warm-up {r.deploytool.warmup}, repeats {r.deploytool.repeats}")
+    where = f"on {dev.describe()}" if dev else f"threads {r.threads}"
+    print(f"{where}, warm-up {r.deploytool.warmup}, repeats {r.deploytool.repeats}")
     print(f"{'engine':12s} {'min ms':>9s} {'median ms':>10s} {'p90 ms':>9s}")
     rows = [("deploytool", r.deploytool)] + ([("onnxruntime", r.onnxruntime)] if r.onnxruntime else [])
     for name, t in rows:
@@ -206,7 +215,7 @@ def cmd_tune(args) -> int:
     r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
                  trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
-                 on_progress=_TuneView(args.quiet), progress=prog)
+                 device=_device_arg(args), on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
     else:
@@ -240,7 +249,8 @@ def cmd_logs(args) -> int:
         st, dropped = api.logs_prune(args.log, keep=args.keep, output=args.output)
         print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
     else:
-        cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape)
+        cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape,
+                             allow_emulated=args.allow_emulated)
         if args.json:
             print(json.dumps({"covered": cov.covered, "missing": cov.missing}, indent=1))
         else:
@@ -258,8 +268,13 @@ def cmd_logs(args) -> int:
         return 0
     h = st.header
     print(f"log        {st.path} (sha256 {st.sha256[:16]})")
-    print(f"target     {h.get('target', {}).get('name')}   device {h.get('device', {}).get('cpu', '?')} "
-          f"({h.get('device', {}).get('threads', '?')} threads){'   EMULATED' if h.get('emulated') else ''}")
+    dev = h.get("device", {})
+    where = f"board {dev.get('host')}:{dev.get('port')}" if dev.get("kind") == "rpc" and not dev.get("key") else \
+        f"tracker {dev.get('host')}:{dev.get('port')} key '{dev.get('key')}' ({dev.get('boards')} boards)" \
+        if dev.get("kind") == "rpc" else "local"
+    print(f"target     {h.get('target', {}).get('name')}   device {where}, {dev.get('arch', '')} {dev.get('cpu', '?')} "
+          f"({dev.get('threads') or dev.get('cores') or '?'} threads)"
+          + (f"   EMULATED ({h['emulated']}): not for shipping" if h.get('emulated') else ""))
     print(f"made by    deploytool {h.get('deploytool')}, TVM {h.get('tvm')}, {h.get('created')}"
           + (f"; model {h['model']['file']}" if h.get("model") else ""))
     print(f"records    {st.records} in {len(st.workloads)} workloads"
@@ -296,6 +311,71 @@ def cmd_metadata(args) -> int:
     return 0
 
 
+def cmd_device(args) -> int:
+    from deploytool import device
+
+    if args.device_command == "serve":
+        device.serve(host=args.host, port=args.port, tracker=args.tracker, key=args.key, threads=args.threads,
+                     emulated=args.emulated, on_ready=lambda m: print(m, flush=True))
+        return 0
+    if args.device_command == "list":
+        rows = device.list_devices(args.tracker)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        if not rows:
+            print(f"no board is registered at tracker {args.tracker}")
+        for r in rows:
+            print(f"{r['key']:16s} {r['registered']} registered, {r['free']} free, {r['pending']} waiting   "
+                  + " ".join(r["addresses"]))
+        return 0
+    from deploytool import emulator
+
+    prog = _Progress(False)
+    if args.build_only:
+        print(emulator.build(args.board, progress=prog, force=args.rebuild))
+        return 0
+    if args.rebuild:
+        emulator.build(args.board, progress=prog, force=True)
+    board = emulator.start(args.board, host=args.host, port=args.port, tracker=args.tracker, key=args.key,
+                           threads=args.threads, progress=prog)
+    use = f"--tracker {args.tracker} --key {args.key or args.board}" if args.tracker else f"--rpc {board.address}"
+    print(f"emulated {board.arch} board serving on {board.address}; use {use} "
+          "(timings under emulation are not meaningful); Ctrl-C stops", flush=True)
+    try:
+        board.proc.wait()
+    finally:
+        board.stop()
+    return 0 if board.proc.returncode in (0, -9) else 2
+
+
+def cmd_simd(args) -> int:
+    from deploytool import simd
+
+    arch, kernels = simd.report(args.artifact)
+    if args.json:
+        print(json.dumps({"arch": arch, "kernels": [k.to_dict() for k in kernels]}, indent=1))
+        return 0
+    isa = "NEON" if arch == "aarch64" else "SIMD"
+    print(f"{args.artifact} ({arch}): vector fused multiply-adds per kernel, from its disassembly")
+    print(f"{'kernel':44s} {'instrs':>7s} {'vec FMA':>7s} {'scal FMA':>8s} {'vec ops':>7s} {'bits':>4s}  uses {isa}")
+    for k in kernels:
+        print(f"{k.name[:44]:44s} {k.instructions:7d} {k.vector_fma:7d} {k.scalar_fma:8d} {k.vector_ops:7d} "
+              f"{k.widest_bits or '-':>4}  {k.verdict}")
+    dense = [k for k in kernels if simd.is_dense(k.name)]
+    vec = [k for k in dense if k.vector_fma]
+    print(f"{len(vec)} of {len(dense)} conv/matmul kernels use {isa} vector FMAs"
+          + ("" if len(vec) == len(dense) else ": SCALAR " + ", ".join(k.name for k in dense if not k.vector_fma)))
+    return 0 if len(vec) == len(dense) or not args.require_vector else 1
+
+
+def cmd_tracker(args) -> int:
+    from deploytool import device
+
+    device.run_tracker(host=args.host, port=args.port, on_ready=lambda m: print(m, flush=True))
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deploytool", description="Compile ONNX models into fast deployable modules.")
@@ -306,6 +386,13 @@ def build_parser() -> argparse.ArgumentParser:
     def shape_arg(sp):
         sp.add_argument("--input-shape", action="append", metavar="NAME:D1,D2,...",
                         help="fix an input's shape (repeat per input), e.g. data:1,3,224,224")
+
+    def device_args(sp, what):
+        sp.add_argument("--device", metavar="HOST:PORT|KEY@HOST:PORT",
+                        help=f"{what}: a board serving RPC, or KEY@TRACKER for any free board of a tracker's farm")
+        sp.add_argument("--rpc", metavar="HOST:PORT", help="the same as --device HOST:PORT")
+        sp.add_argument("--tracker", metavar="HOST:PORT", help="a TVM RPC tracker (with --key)")
+        sp.add_argument("--key", help="the kind of board to ask the tracker for")
 
     s = sub.add_parser("inspect", help="describe a model: I/O, opset, operators, parameters, kernels")
     s.add_argument("model")
@@ -342,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time candidates with warm caches (default: caches flushed before each repeat)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
+    device_args(s, "measure on a board (needed for cross targets such as arm)")
     shape_arg(s)
     s.add_argument("--json", action="store_true", help="machine-readable summary")
     s.add_argument("-q", "--quiet", action="store_true", help="no live view")
@@ -365,6 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("log")
     a.add_argument("model")
     a.add_argument("--target", default="x86")
+    a.add_argument("--allow-emulated", action="store_true",
+                   help="accept timings from an emulated board (refused by default: they don't rank schedules)")
     shape_arg(a)
     a.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_logs)
@@ -378,6 +468,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--inputs", help=".npz with one array per input name (default: seeded random)")
         sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
         sp.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+        device_args(sp, "run it on a board")
+
 
     s = sub.add_parser("run", help="run a compiled model once, optionally checking against onnxruntime")
     s.add_argument("artifact")
@@ -396,6 +488,43 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=20)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("device", help="boards over TVM RPC: serve one, emulate one, list a tracker's")
+    dsub = s.add_subparsers(dest="device_command", required=True, metavar="ACTION")
+    a = dsub.add_parser("serve", help="run on the board: serve it over RPC (needs only the TVM runtime there). "
+                        "WARNING: the server runs whatever is uploaded to it")
+    a.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only; 0.0.0.0 exposes "
+                   "the board to the network)")
+    a.add_argument("--port", type=int, default=9090)
+    a.add_argument("--tracker", metavar="HOST:PORT", help="register with this tracker instead of waiting for direct "
+                   "connections")
+    a.add_argument("--key", help="the kind of board, as tuners ask the tracker for it (e.g. rpi4)")
+    a.add_argument("--threads", type=int, help="TVM threads on the board (default: the board's cores)")
+    a.add_argument("--emulated", help=argparse.SUPPRESS)
+    a = dsub.add_parser("emulate", help="start an emulated board (aarch64 under qemu-user) serving RPC on loopback")
+    a.add_argument("board", nargs="?", default="arm", choices=["arm"])
+    a.add_argument("--host", default="127.0.0.1")
+    a.add_argument("--port", type=int, help="default: a free port")
+    a.add_argument("--tracker", metavar="HOST:PORT", help="register with this tracker")
+    a.add_argument("--key", help="key to register under (default: the board name)")
+    a.add_argument("--threads", type=int)
+    a.add_argument("--rebuild", action="store_true", help="rebuild the board's sysroot first")
+    a.add_argument("--build-only", action="store_true", help="build the sysroot (cached) and print its folder")
+    a = dsub.add_parser("list", help="boards registered at a tracker, per key, and how many are free")
+    a.add_argument("--tracker", required=True, metavar="HOST:PORT")
+    a.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_device)
+
+    s = sub.add_parser("tracker", help="run a TVM RPC tracker for a farm of boards")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    s.add_argument("--port", type=int, default=9190)
+    s.set_defaults(fn=cmd_tracker)
+
+    s = sub.add_parser("simd", help="per kernel of a .so: does it use vector FMAs (NEON, AVX)? From its disassembly")
+    s.add_argument("artifact")
+    s.add_argument("--require-vector", action="store_true", help="exit 1 if a conv/matmul kernel is scalar")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_simd)
 
     s = sub.add_parser("targets", help="list target presets")
     s.set_defaults(fn=cmd_targets)

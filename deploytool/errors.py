@@ -69,6 +69,10 @@ class ToolchainError(DeploytoolError):
     """A compiler, linker or emulator the target needs is not installed."""
 
 
+class DeviceError(DeploytoolError):
+    """A board or tracker can't be reached, has no free board, or was lost mid-way."""
+
+
 def describe(exc: BaseException, limit: int = 300) -> str:
     """One line for a foreign exception: its type and last message line, or, for bare asserts,
     the source line that failed."""

@@ -129,6 +129,8 @@ class LocalMeasurer:
         self._n = 0
         self.seconds = {"build": 0.0, "measure": 0.0}
 
+    emulated = None
+
     def device(self) -> dict:
         from deploytool import targets
 
@@ -233,6 +235,196 @@ class LocalMeasurer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+# --------------------------------------------------------------------------- measuring on boards
+def _random_args(args: list) -> list:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = []
+    for shape, dtype in args:
+        if dtype.startswith("float"):
+            out.append(rng.uniform(-1, 1, size=shape).astype(dtype))
+        elif dtype == "bool":
+            out.append(rng.integers(0, 2, size=shape).astype(dtype))
+        else:
+            out.append(rng.integers(0, 8, size=shape).astype(dtype))
+    return out
+
+
+class _BoardSlot:
+    """One board in the measuring pool: its session, a thread to call it from, its input cache."""
+
+    def __init__(self, board):
+        self.board = board
+        self.pool = cf.ThreadPoolExecutor(1)
+        self.tensors: dict[str, list] = {}
+
+    def time(self, path: str, args: list, settings: dict) -> list[float]:
+        import tvm
+
+        sess = self.board.session
+        name = os.path.basename(path)
+        sess.upload(path, name)
+        try:
+            lib = sess.load_module(name)
+            dev = sess.cpu()
+            key = repr(args)
+            if key not in self.tensors:  # inputs stay on the board for the next candidate of the kernel
+                self.tensors = {key: [tvm.runtime.tensor(a, dev) for a in _random_args(args)]}
+            f = lib.time_evaluator("main", dev, number=settings["number"], repeat=settings["repeat"],
+                                   min_repeat_ms=int(settings["min_repeat_ms"]),
+                                   f_preproc="cache_flush_cpu_non_first_arg" if settings["cache_flush"] else "")
+            return [float(x) for x in f(*self.tensors[key]).results]
+        finally:
+            try:
+                sess.remove(name)
+            except Exception:
+                pass
+
+    def drop(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.board.close()
+        self.tensors = {}
+
+
+class RPCMeasurer(LocalMeasurer):
+    """Builds candidates here (cross-compiled) and times them on boards over TVM RPC.
+
+    With a tracker, every free board under the key measures, one candidate each at a time. A board
+    that dies mid-measurement is dropped and its candidate is measured again on another board (or on
+    the same one, once it serves again); tuning goes on with the boards that remain and picks up
+    boards that (re)register. With no board left, a DeviceError stops the run: every record measured
+    so far is already in the log, and rerunning the command resumes."""
+
+    MAX_TRIES = 3
+
+    def __init__(self, target, settings: MeasureSettings, spec, workers: int | None = None, progress=None):
+        super().__init__(target, settings, workers=workers)
+        self.spec = spec
+        self.progress = progress or (lambda msg: None)
+        self.slots: list[_BoardSlot] = []
+        self.lost: list[str] = []
+        self._add_boards(first=True)
+        self.emulated = self.slots[0].board.emulated
+        arch = self.slots[0].board.info.get("arch")
+        if arch and arch != target.arch:
+            raise _device_error(f"the board {self.slots[0].board.name} is {arch}, and target '{target.name}' "
+                                f"builds for {target.arch}", "tune on a board of the target's architecture")
+
+    def device(self) -> dict:
+        info = dict(self.slots[0].board.info) if self.slots else {}
+        info.pop("address", None)
+        return {"kind": "rpc", **self.spec.to_dict(), "boards": len(self.slots), **info}
+
+    def _add_boards(self, first: bool = False) -> None:
+        from deploytool import device
+
+        if not self.spec.via_tracker:
+            if not self.slots:
+                self.slots.append(_BoardSlot(device.open_board(self.spec, wait_s=None if first else 15)))
+            return
+        want = 1 if first else 0
+        try:
+            free, _ = device.tracker_free(self.spec)
+        except Exception:
+            if first:
+                raise
+            return
+        for i in range(max(free, want)):
+            try:
+                b = device.open_board(self.spec, wait_s=None if first and i == 0 else 10)
+            except Exception:
+                if first and i == 0:
+                    raise
+                break
+            self.slots.append(_BoardSlot(b))
+        if first and len(self.slots) > 1:
+            self.progress(f"measuring on {len(self.slots)} boards under key '{self.spec.key}'")
+
+    def _replace(self, slot: _BoardSlot, why: str) -> None:
+        """Drop a board whose session died; reconnect if it serves again (or another board is free)."""
+        from deploytool import device
+
+        self.slots.remove(slot)
+        slot.drop()
+        try:
+            self.slots.append(_BoardSlot(device.open_board(self.spec, wait_s=15)))
+            self.progress(f"board {slot.board.name} lost its session ({why}); reconnected")
+        except Exception:
+            self.lost.append(slot.board.name)
+            self.progress(f"board {slot.board.name} lost ({why}); {len(self.slots)} board(s) left")
+
+    def run(self, paths: list[str], args: list) -> list[Outcome]:
+        import collections
+
+        t0 = time.perf_counter()
+        if self.spec.via_tracker:
+            self._add_boards()
+        s = self.settings.to_dict()
+        timeout = self.settings.run_timeout_s * (10 if self.emulated else 1)
+        results: dict[int, Outcome] = {}
+        tries = collections.Counter()
+        pending = collections.deque(range(len(paths)))
+        running: dict[cf.Future, tuple[_BoardSlot, int, float]] = {}
+        try:
+            while pending or running:
+                busy = {slot for slot, _, _ in running.values()}
+                for slot in [sl for sl in self.slots if sl not in busy]:
+                    if not pending:
+                        break
+                    i = pending.popleft()
+                    running[slot.pool.submit(slot.time, paths[i], args[i], s)] = (slot, i, time.monotonic() + timeout)
+                if not running:
+                    raise _device_error(
+                        f"lost every board ({', '.join(self.lost) or self.spec.describe()}); {len(pending)} candidate(s) "
+                        "of this batch were not measured",
+                        "restart the board(s) and rerun the same command: the tuning log keeps everything measured "
+                        "so far and the run resumes")
+                wait = max(0.1, min(d for _, _, d in running.values()) - time.monotonic())
+                done, _ = cf.wait(list(running), timeout=wait, return_when=cf.FIRST_COMPLETED)
+                for fut in done:
+                    slot, i, _ = running.pop(fut)
+                    try:
+                        results[i] = Outcome(latency_s=fut.result())
+                    except Exception as e:
+                        if slot.board.alive():  # the session answers: the candidate itself failed
+                            results[i] = Outcome(error=_one_line(e))
+                            continue
+                        tries[i] += 1
+                        self._replace(slot, _one_line(e))
+                        if tries[i] >= self.MAX_TRIES:
+                            results[i] = Outcome(error=f"the board's session died {tries[i]} times measuring it: "
+                                                       f"{_one_line(e)}")
+                        else:
+                            pending.appendleft(i)  # measured again, on whichever board is free
+                now = time.monotonic()
+                for fut, (slot, i, deadline) in list(running.items()):
+                    if now > deadline and not fut.done():
+                        running.pop(fut)
+                        results[i] = Outcome(error=f"run timed out after {timeout:.0f} s on board {slot.board.name}")
+                        self._replace(slot, "a candidate ran past the time limit")
+        finally:
+            for p in paths:
+                try:
+                    os.remove(p)
+                except OSError:
+                    pass
+            self.seconds["measure"] += time.perf_counter() - t0
+        return [results[i] for i in range(len(paths))]
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.drop()
+        self.slots = []
+        super().close()
+
+
+def _device_error(problem: str, fix: str):
+    from deploytool.errors import DeviceError
+
+    return DeviceError(problem, fix)
 
 
 def _one_line(e: BaseException) -> str:

@@ -1,11 +1,12 @@
 """Runners: the only code that loads artifacts, runs them and measures them.
 
-``LocalRunner`` runs a .so on this machine through the TVM runtime. RPC and QEMU runners
-(ARM, Cortex-M issues) share its interface: ``run(inputs) -> outputs`` and ``time(...)``.
+``LocalRunner`` runs a .so on this machine through the TVM runtime; ``RPCRunner`` uploads it to a
+board over TVM RPC and runs it there. Both: ``run(inputs) -> outputs`` and ``time(...)``.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ import numpy as np
 from deploytool.artifact import Artifact
 from deploytool.errors import ArtifactError, TargetError
 from deploytool.targets import host_arch, missing_features, physical_cores
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,43 +77,18 @@ def set_threads(n: int | None) -> None:
         tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
 
 
-class LocalRunner:
-    """Loads a Linux .so artifact on this machine and runs it on the CPU."""
+class _VMRunner:
+    """Runs an artifact's relax VM on a device (this machine's CPU, or a board's over RPC)."""
 
-    def __init__(self, artifact: Artifact, threads: int | None = None):
-        self.artifact = artifact
-        self.check_loadable(artifact)
-        import tvm
+    artifact: Artifact
+    device = None
+    vm = None
+
+    def _start(self, lib) -> None:
         from tvm import relax
 
-        set_threads(threads)
-        try:
-            lib = tvm.runtime.load_module(str(artifact.path))
-        except Exception as e:
-            raise ArtifactError(f"the TVM runtime cannot load '{artifact.path}': {str(e).strip().splitlines()[-1][:300]}",
-                                "rebuild it with this deploytool/TVM version") from None
-        self.device = tvm.cpu()
         self.vm = relax.VirtualMachine(lib, self.device)
-        self._main = self.vm[artifact.metadata.get("entry", "main")]
-
-    @staticmethod
-    def check_loadable(a: Artifact) -> None:
-        """Refuse, with a message, an artifact this machine cannot load (never a SIGILL)."""
-        meta = a.metadata
-        if meta.get("target", {}).get("artifact", "so") != "so":
-            raise ArtifactError(f"'{a.path}' is a {meta['target']['artifact']}, not a .so", "run it with its bundle runner")
-        if a.arch != host_arch():
-            raise TargetError(f"'{a.path}' is built for {a.arch} and this machine is {host_arch()}",
-                              "run it on a matching device (--device), or rebuild with --target x86")
-        lacking = missing_features(a.required_features, a.arch)
-        if lacking:
-            raise TargetError(f"'{a.path}' needs CPU features this machine lacks: {', '.join(lacking)}",
-                              "rebuild for this machine with --target x86 (or a portable preset such as x86-avx2)")
-        import tvm
-
-        if meta.get("tvm_version") != tvm.__version__:
-            raise ArtifactError(f"'{a.path}' was built with TVM {meta.get('tvm_version')}, this runtime is TVM {tvm.__version__}",
-                                "rebuild it with this deploytool installation")
+        self._main = self.vm[self.artifact.metadata.get("entry", "main")]
 
     def to_device(self, inputs: dict[str, np.ndarray]) -> list:
         import tvm
@@ -126,6 +104,43 @@ class LocalRunner:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._collect(self._main(*self.to_device(inputs)))
 
+
+class LocalRunner(_VMRunner):
+    """Loads a Linux .so artifact on this machine and runs it on the CPU."""
+
+    def __init__(self, artifact: Artifact, threads: int | None = None):
+        self.artifact = artifact
+        self.check_loadable(artifact)
+        import tvm
+
+        set_threads(threads)
+        try:
+            lib = tvm.runtime.load_module(str(artifact.path))
+        except Exception as e:
+            raise ArtifactError(f"the TVM runtime cannot load '{artifact.path}': {str(e).strip().splitlines()[-1][:300]}",
+                                "rebuild it with this deploytool/TVM version") from None
+        self.device = tvm.cpu()
+        self._start(lib)
+
+    @staticmethod
+    def check_loadable(a: Artifact) -> None:
+        """Refuse, with a message, an artifact this machine cannot load (never a SIGILL)."""
+        meta = a.metadata
+        if meta.get("target", {}).get("artifact", "so") != "so":
+            raise ArtifactError(f"'{a.path}' is a {meta['target']['artifact']}, not a .so", "run it with its bundle runner")
+        if a.arch != host_arch():
+            raise TargetError(f"'{a.path}' is built for {a.arch} and this machine is {host_arch()}",
+                              "run it on a matching board (--device HOST:PORT), or rebuild with --target x86")
+        lacking = missing_features(a.required_features, a.arch)
+        if lacking:
+            raise TargetError(f"'{a.path}' needs CPU features this machine lacks: {', '.join(lacking)}",
+                              "rebuild for this machine with --target x86 (or a portable preset such as x86-avx2)")
+        import tvm
+
+        if meta.get("tvm_version") != tvm.__version__:
+            raise ArtifactError(f"'{a.path}' was built with TVM {meta.get('tvm_version')}, this runtime is TVM {tvm.__version__}",
+                                "rebuild it with this deploytool installation")
+
     def time(self, inputs: dict[str, np.ndarray], *, warmup: int = 3, repeats: int = 20, min_seconds: float = 0.0) -> Timing:
         args = self.to_device(inputs)
 
@@ -134,3 +149,60 @@ class LocalRunner:
             self.device.sync()
 
         return time_callable(once, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+
+
+class RPCRunner(_VMRunner):
+    """Uploads a .so artifact to a board over TVM RPC and runs it there."""
+
+    def __init__(self, artifact: Artifact, spec, threads: int | None = None):
+        from deploytool import device as _device
+
+        self.artifact = artifact
+        meta = artifact.metadata
+        if meta.get("target", {}).get("artifact", "so") != "so":
+            raise ArtifactError(f"'{artifact.path}' is a {meta['target']['artifact']}, not a .so",
+                                "run it with its bundle runner")
+        self.board = _device.open_board(spec)
+        info = self.board.info
+        if info.get("arch") and info["arch"] != artifact.arch:
+            raise TargetError(f"'{artifact.path}' is built for {artifact.arch} and the board {self.board.name} is "
+                              f"{info['arch']}", f"rebuild it for the board (e.g. --target {'arm' if info['arch'] == 'aarch64' else 'x86'})")
+        if info.get("tvm") and info["tvm"] != meta.get("tvm_version"):
+            raise ArtifactError(f"'{artifact.path}' was built with TVM {meta.get('tvm_version')}, the board runs TVM "
+                                f"{info['tvm']}", "rebuild it with the TVM version the board runs, or update the board")
+        if threads:
+            log.info("--threads is set on the board (`deploytool device serve --threads`), not per run")
+        sess = self.board.session
+        name = f"deploytool-{(meta.get('model', {}).get('sha256') or 'model')[:12]}.so"
+        try:
+            sess.upload(str(artifact.path), name)
+            lib = sess.load_module(name)
+        except Exception as e:
+            raise ArtifactError(f"the board {self.board.name} cannot load '{artifact.path}': "
+                                f"{str(e).strip().splitlines()[-1][:200]}",
+                                "check that it is built for this board's CPU and TVM runtime") from None
+        self.device = sess.cpu()
+        self._start(lib)
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        # A tuple result stays on the board as one remote object; the VM's stateful interface hands
+        # its fields back one by one.
+        entry = self.artifact.metadata.get("entry", "main")
+        self.vm.set_input(entry, *self.to_device(inputs))
+        self.vm.invoke_stateful(entry)
+        return self._collect(self.vm.get_outputs(entry))
+
+    def time(self, inputs: dict[str, np.ndarray], *, warmup: int = 3, repeats: int = 20, min_seconds: float = 0.0) -> Timing:
+        """Timed on the board (TVM's time_evaluator), so the network is not in the numbers."""
+        args = self.to_device(inputs)
+        entry = self.artifact.metadata.get("entry", "main")
+        for _ in range(warmup):
+            self._main(*args)
+        f = self.vm.time_evaluator(entry, self.device, number=1, repeat=repeats,
+                                   min_repeat_ms=int(min_seconds * 1000 / max(repeats, 1)))
+        return Timing.from_samples([float(x) for x in f(*args).results], warmup)
+
+
+def runner_for(artifact: Artifact, device=None, threads: int | None = None):
+    """The runner of an artifact: on this machine, or on the board ``device`` (a DeviceSpec)."""
+    return RPCRunner(artifact, device, threads) if device is not None else LocalRunner(artifact, threads)

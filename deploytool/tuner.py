@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome
+from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer
 from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
-from deploytool.tuninglog import LogWriter, Record, TuningLog, Workload, make_header, to_py
+from deploytool.tuninglog import LogWriter, Record, TuningLog, TuningLogError, Workload, make_header, to_py
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,8 @@ class TuneOptions:
     workers: int | None = None           # parallel builders (None: physical cores)
     objective: str = "reg:squarederror"  # the cost model's objective (see cost_model)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
+    device: Any = None                   # a deploytool.device.DeviceSpec: measure on boards over RPC
+    progress: Callable[[str], None] | None = None  # one-line notes (boards lost, reconnected)
 
 
 @dataclass
@@ -147,12 +149,22 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 
     # ---- the log: resume from it, or start it
     log_path = Path(log_path)
-    measurer = LocalMeasurer(target, opts.measure, workers=opts.workers)
     old = None
     if log_path.exists() and log_path.stat().st_size > 0:
         old = TuningLog.read(log_path)
         old.check_target(target)
-    header = make_header(target, device=measurer.device(), measure=opts.measure.to_dict(), model=model)
+    if opts.device is not None:
+        measurer = RPCMeasurer(target, opts.measure, opts.device, workers=opts.workers, progress=opts.progress)
+    else:
+        measurer = LocalMeasurer(target, opts.measure, workers=opts.workers)
+    header = make_header(target, device=measurer.device(), measure=opts.measure.to_dict(), model=model,
+                         emulated=measurer.emulated or False)
+    if old is not None and bool(old.header.get("emulated")) != bool(header["emulated"]):
+        measurer.close()
+        what = "an emulated board" if old.header.get("emulated") else "real hardware"
+        raise TuningLogError(f"tuning log {log_path} holds timings from {what}; this run measures on "
+                             f"{'an emulated board' if header['emulated'] else 'real hardware'}",
+                             "tune into a new log (-o): emulated and real timings must not mix")
     if old is not None and old.header.get("measure") != header["measure"]:
         log.warning("tuning log %s was measured with %s; this run measures with %s: their latencies are "
                     "not strictly comparable", log_path, old.header.get("measure"), header["measure"])
