@@ -356,7 +356,7 @@ def cmd_simd(args) -> int:
     if args.json:
         print(json.dumps({"arch": arch, "kernels": [k.to_dict() for k in kernels]}, indent=1))
         return 0
-    isa = "NEON" if arch == "aarch64" else "SIMD"
+    isa = "NEON" if arch in ("aarch64", "armv7l") else "SIMD"
     print(f"{args.artifact} ({arch}): vector fused multiply-adds per kernel, from its disassembly")
     print(f"{'kernel':44s} {'instrs':>7s} {'vec FMA':>7s} {'scal FMA':>8s} {'vec ops':>7s} {'bits':>4s}  uses {isa}")
     for k in kernels:

@@ -3,7 +3,8 @@
 The emulated ARM board can't judge speed, so this is how a build proves that its schedules
 vectorize: per kernel, count vector fused multiply-adds (``fmla v0.4s, ...`` on aarch64,
 ``vfmadd...ps`` on xmm/ymm/zmm registers on x86) against scalar ones (``fmadd s0, ...``,
-``vfmadd...ss``). TVM emits each kernel as ``__tvm_ffi_<name>`` (argument unpacking) plus
+``vfmadd...ss``; on 32-bit Armv7, whose NEON has no fused float FMA, vector multiplies and
+multiply-accumulates on q/d registers). TVM emits each kernel as ``__tvm_ffi_<name>`` (argument unpacking) plus
 ``<name>_compute_`` (the body, also the parallel lambda): both count for ``<name>``.
 """
 
@@ -18,10 +19,14 @@ from pathlib import Path
 from deploytool.errors import ToolchainError
 
 _FUNC = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
-_OBJDUMP = {"aarch64": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu"), "x86_64": ("objdump", "binutils")}
+_OBJDUMP = {"aarch64": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu"), "x86_64": ("objdump", "binutils"),
+            "armv7l": ("arm-linux-gnueabihf-objdump", "binutils-arm-linux-gnueabihf")}
 _ARM_VFMA = re.compile(r"^\s*[0-9a-f]+:\s+f(?:mla|mls)\s+v\d+\.(\d+)([sdh])")
 _ARM_SFMA = re.compile(r"^\s*[0-9a-f]+:\s+f(?:n?madd|n?msub)\s+[sdh]\d+")
 _ARM_VEC = re.compile(r"\bv\d+\.\d*[bhsd]\b|\bq\d+\b")
+# Armv7 NEON has no IEEE fused multiply-add for floats: LLVM emits vmul + vadd (or vmla) on q registers.
+_ARMV7_VMUL = re.compile(r"^\s*[0-9a-f]+:\s+v(?:mla|fma|mul)\.f32\s+([qd])\d+")
+_ARMV7_SMUL = re.compile(r"^\s*[0-9a-f]+:\s+v(?:mla|fma|mul)\.f32\s+s\d+")
 _X86_FMA = re.compile(r"^\s*[0-9a-f]+:\s+vf(?:n?madd|n?msub)\w*(p[sd]|s[sd])\s+.*?%([xyz])mm")
 _BITS = {"x": 128, "y": 256, "z": 512}
 
@@ -87,6 +92,15 @@ def analyze(disassembly: str, arch: str) -> list[KernelSimd]:
             elif _ARM_SFMA.match(line):
                 cur.scalar_fma += 1
             if _ARM_VEC.search(line):
+                cur.vector_ops += 1
+        elif arch == "armv7l":
+            v = _ARMV7_VMUL.match(line)
+            if v:
+                cur.vector_fma += 1
+                cur.widest_bits = max(cur.widest_bits, 128 if v.group(1) == "q" else 64)
+            elif _ARMV7_SMUL.match(line):
+                cur.scalar_fma += 1
+            if re.search(r"\bq\d+\b|\.f32\s+d\d+", line):
                 cur.vector_ops += 1
         else:
             x = _X86_FMA.match(line)

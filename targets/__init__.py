@@ -75,7 +75,7 @@ class Target:
             return 512
         if "avx2" in feats or "avx" in feats:
             return 256
-        if self.arch in ("x86_64", "aarch64") or "asimd" in feats:
+        if self.arch in ("x86_64", "aarch64") or "asimd" in feats or "neon" in feats:
             return 128
         return 32
 

@@ -274,3 +274,23 @@ def test_farm_goes_on_when_a_board_dies(tmp_path, tiny_model):
             b.stop()
         os.killpg(tracker.pid, signal.SIGKILL)
         tracker.wait()
+
+
+@pytest.mark.parametrize("preset,elf", [("arm-cortex-a53", "ARM aarch64"), ("arm-cortex-a55", "ARM aarch64"),
+                                        ("arm-cortex-a76", "ARM aarch64"), ("arm-neoverse-n1", "ARM aarch64"),
+                                        ("armv7", "32-bit LSB shared object, ARM, EABI5")])
+def test_arm_variants_cross_compile_and_vectorize(cli, tiny_model, tmp_path, preset, elf):
+    from deploytool import simd, targets
+
+    t = targets.load(preset)
+    if not shutil.which(t.toolchain["cc"]):
+        pytest.skip(f"{t.toolchain['cc']} not installed (`make toolchains` installs it)")
+    so = tmp_path / f"tiny-{preset}.so"
+    r = cli("compile", tiny_model, "--target", preset, "-o", so, "-q")
+    assert r.code == 0, r
+    assert elf in subprocess.run(["file", so], capture_output=True, text=True).stdout
+    meta = json.loads(cli("metadata", so).out)
+    assert meta["target"]["name"] == preset and set(t.required_features) <= set(meta["target"]["required_features"])
+    _, kernels = simd.report(so)
+    conv = [k for k in kernels if "conv" in k.name]
+    assert conv and all(k.vector_fma and k.widest_bits == 128 for k in conv), [k.to_dict() for k in conv]
