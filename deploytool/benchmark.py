@@ -209,6 +209,20 @@ def markdown_tuned(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_simd(result: dict[str, Any]) -> str:
+    lines = [f"Default schedules, cross-compiled for `{result['target']}`, {result['date']}; read from each build's "
+             "disassembly (`deploytool simd`): conv/matmul kernels with vector fused multiply-adds (`fmla v.4s` / "
+             "`v.2s`), and their vector vs scalar FMA instructions.", ""]
+    lines += _table(dict(result, geomean_ratio=None), [
+        ("model", "l", lambda r: r["model"]), ("kernels", "r", lambda r: str(r["kernels"])),
+        ("conv/matmul kernels", "r", lambda r: str(r["dense"])),
+        ("with vector FMAs", "r", lambda r: str(r["dense_vector"])),
+        ("vector FMA instrs", "r", lambda r: str(r["vector_fma"])), ("scalar FMA instrs", "r", lambda r: str(r["scalar_fma"])),
+        ("vector widths (bits)", "l", lambda r: ", ".join(map(str, r["widths"]))),
+        ("scalar kernels", "l", lambda r: ", ".join(r["scalar_kernels"]) or "none")])
+    return "\n".join(lines) + "\n"
+
+
 def _table(result: dict[str, Any], columns) -> list[str]:
     """Markdown table lines of a benchmark result. ``columns``: (title, "l" or "r" alignment,
     cell(row) -> str). A model that failed shows its error in the "check" column; the last row
@@ -255,6 +269,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         f = results_dir / name
         if f.is_file():
             parts.append(f"## {title}\n\n" + fmt(json.loads(f.read_text())))
+    for f in sorted(results_dir.glob("simd-*.json")):
+        res = json.loads(f.read_text())
+        parts.append(f"## NEON, shown: `python bench/neon.py` (target `{res['target']}`)\n\n" + markdown_simd(res))
     f = results_dir / "cost_model.md"
     if f.is_file():
         parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())
