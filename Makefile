@@ -10,7 +10,7 @@ MODEL  := deploytool/data/squeezenet1.0.onnx
 OUT    ?= out
 APT_PACKAGES := gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-linux-gnu qemu-user \
                 g++-arm-linux-gnueabihf binutils-arm-linux-gnueabihf \
-                gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm
+                gcc-arm-none-eabi libnewlib-arm-none-eabi qemu-system-arm cmake
 # CI tier: everything but the long benchmarks. PYTEST_ARGS adds to it (e.g. -m fast).
 PYTEST_ARGS ?=
 

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 import traceback
+from pathlib import Path
 
 from deploytool import __version__
 from deploytool.errors import DeploytoolError
@@ -369,6 +370,22 @@ def cmd_simd(args) -> int:
     return 0 if len(vec) == len(dense) or not args.require_vector else 1
 
 
+def cmd_package(args) -> int:
+    from deploytool import package
+
+    r = package.package(args.artifact, args.output, progress=_Progress(args.quiet))
+    if args.json:
+        print(json.dumps(r.to_dict(), indent=1))
+        return 0
+    lib = sum(v for k, v in r.files.items() if k.startswith("lib/"))
+    model = sum(v for k, v in r.files.items() if k.endswith(".so") and "/" not in k)
+    print(f"wrote {r.path} ({_fmt_bytes(r.bytes)} compressed, {r.arch}): runtime {_fmt_bytes(lib)} (lib/), runner "
+          f"{_fmt_bytes(r.files['run'])}, headers {_fmt_bytes(sum(v for k, v in r.files.items() if k.startswith('include/')))}"
+          f", model {_fmt_bytes(model)}")
+    print(f"on the board: tar xzf {r.path.name} && cd {r.path.name[:-7]} && ./run {Path(args.artifact).name} --inputs ...")
+    return 0
+
+
 def cmd_tracker(args) -> int:
     from deploytool import device
 
@@ -519,6 +536,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     s.add_argument("--port", type=int, default=9190)
     s.set_defaults(fn=cmd_tracker)
+
+    s = sub.add_parser("package", help="bundle a .so with TVM's runtime-only libraries and a native runner "
+                       "(no Python on the board)")
+    s.add_argument("artifact")
+    s.add_argument("-o", "--output", help="the .tar.gz (default: NAME-bundle.tar.gz next to the .so)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_package)
 
     s = sub.add_parser("simd", help="per kernel of a .so: does it use vector FMAs (NEON, AVX)? From its disassembly")
     s.add_argument("artifact")
