@@ -81,21 +81,11 @@ def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str
 
 
 def _time_one(path: str, args: list, settings: dict) -> list[float]:
-    import numpy as np
     import tvm
 
     dev = tvm.cpu()
     lib = tvm.runtime.load_module(path)
-    rng = np.random.default_rng(0)
-    tensors = []
-    for shape, dtype in args:
-        if dtype.startswith("float"):
-            a = rng.uniform(-1, 1, size=shape).astype(dtype)
-        elif dtype == "bool":
-            a = rng.integers(0, 2, size=shape).astype(dtype)
-        else:
-            a = rng.integers(0, 8, size=shape).astype(dtype)
-        tensors.append(tvm.runtime.tensor(a, dev))
+    tensors = [tvm.runtime.tensor(a, dev) for a in _random_args(args)]
     f = lib.time_evaluator(lib.entry_name if hasattr(lib, "entry_name") and lib.entry_name else "main", dev,
                            number=settings["number"], repeat=settings["repeat"],
                            min_repeat_ms=int(settings["min_repeat_ms"]),
