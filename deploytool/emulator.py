@@ -230,27 +230,30 @@ def build(name: str = "arm", *, progress=lambda msg: None, force: bool = False) 
 def _write_wrapper(r: BoardRecipe, root: Path) -> Path:
     wrapper = root / "bin" / "python3"
     wrapper.parent.mkdir(exist_ok=True)
-    wrapper.write_text(
-        "#!/bin/sh\n"
-        f"# Python of the emulated {r.arch} board: the Debian {r.python} binary under {r.qemu}.\n"
-        f'export PYTHONPATH="{root}/site" PYTHONNOUSERSITE=1 PYTHONDONTWRITEBYTECODE=1 '
-        f'DEPLOYTOOL_BOARD_PYTHON="{wrapper}"\n'
-        f'exec {shutil.which(r.qemu) or r.qemu} -L "{root}/sysroot" "{root}/sysroot/usr/bin/{r.python}" "$@"\n')
-    wrapper.chmod(0o755)
+    text = ("#!/bin/sh\n"
+            f"# Python of the emulated {r.arch} board: the Debian {r.python} binary under {r.qemu}.\n"
+            f'export PYTHONPATH="${{DEPLOYTOOL_BOARD_PATH:+$DEPLOYTOOL_BOARD_PATH:}}{root}/site" PYTHONNOUSERSITE=1 '
+            f'PYTHONDONTWRITEBYTECODE=1 DEPLOYTOOL_BOARD_PYTHON="{wrapper}"\n'
+            f'exec {shutil.which(r.qemu) or r.qemu} -L "{root}/sysroot" "{root}/sysroot/usr/bin/{r.python}" "$@"\n')
+    if not wrapper.exists() or wrapper.read_text() != text:  # never rewritten under a running board
+        tmp = wrapper.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(wrapper)
     return wrapper
 
 
-def _install_deploytool(root: Path) -> None:
-    """Put this deploytool's board-side modules on the board (as `pip install deploytool` would)."""
+def _install_deploytool(root: Path) -> Path:
+    """Put this deploytool's modules on the board (as `pip install deploytool` would), in a folder of
+    this board's own: boards sharing the sysroot may run other checkouts at the same time."""
     import deploytool
 
-    src = Path(deploytool.__file__).parent
-    dst = root / "site" / "deploytool"
-    if dst.exists():
-        shutil.rmtree(dst)
-    dst.mkdir()
-    for f in src.glob("*.py"):
-        shutil.copy(f, dst / f.name)
+    (root / "run").mkdir(exist_ok=True)
+    inst = Path(tempfile.mkdtemp(prefix="deploytool-", dir=root / "run"))
+    (inst / "deploytool").mkdir()
+    for f in Path(deploytool.__file__).parent.glob("*.py"):
+        shutil.copy(f, inst / "deploytool" / f.name)
+    return inst
 
 
 # ----------------------------------------------------------------------------- running it
@@ -263,8 +266,8 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmulatedBoard:
     """A running emulated board (its own process group); ``stop()`` kills it and its sessions."""
 
-    def __init__(self, proc: subprocess.Popen, host: str, port: int, arch: str):
-        self.proc, self.host, self.port, self.arch = proc, host, port, arch
+    def __init__(self, proc: subprocess.Popen, host: str, port: int, arch: str, files: Path | None = None):
+        self.proc, self.host, self.port, self.arch, self.files = proc, host, port, arch, files
         self.lines: list[str] = []
 
     @property
@@ -284,6 +287,8 @@ class EmulatedBoard:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+        if self.files is not None:
+            shutil.rmtree(self.files, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -298,7 +303,7 @@ def start(name: str = "arm", *, host: str = "127.0.0.1", port: int | None = None
     """Start an emulated board serving RPC (built first if needed); returns once it serves."""
     r = recipe(name)
     root = build(name, progress=progress)
-    _install_deploytool(root)
+    files = _install_deploytool(root)
     wrapper = _write_wrapper(r, root)
     port = port or free_port(host)
     cmd = [str(wrapper), "-m", "deploytool", "device", "serve", "--host", host, "--port", str(port),
@@ -308,8 +313,8 @@ def start(name: str = "arm", *, host: str = "127.0.0.1", port: int | None = None
     if threads:
         cmd += ["--threads", str(threads)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=root)
-    board = EmulatedBoard(proc, host, port, r.arch)
+                            start_new_session=True, cwd=root, env=dict(os.environ, DEPLOYTOOL_BOARD_PATH=str(files)))
+    board = EmulatedBoard(proc, host, port, r.arch, files)
     ready = threading.Event()
 
     def pump():
