@@ -113,7 +113,23 @@ class CompileResult:
         return sum(self.stage_seconds.values())
 
 
-def compile(model: str | Path, *, target: str = "x86", output: str | Path = "model.so", input_shapes=None,
+def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched, stage) -> CompileResult:
+    """A Cortex-M C project (deploytool.cbundle) instead of a .so."""
+    from deploytool import cbundle, pipeline
+
+    meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
+                                  onnx_sha256=imported.info.sha256, tuning_log_sha256=None, tasks_=task_list,
+                                  extra={"runtime": "c-bundle-aot", "entry": "model_run"})
+    names = {f"input{i}": s.name for i, s in enumerate(imported.inputs)}
+    names.update({f"output{i}": s.name for i, s in enumerate(imported.outputs)})
+    out, plan, _ = stage("generate C", cbundle.write_bundle, mod, tgt, output, "model", names, meta)
+    fp = stage("footprint", cbundle.footprint, out, tgt)
+    meta.update(memory_plan={"arena_bytes": plan.arena_bytes, "lower_bound": plan.lower_bound}, footprint=fp)
+    (Path(out) / "deploytool.json").write_text(__import__("json").dumps(meta, indent=1, sort_keys=True))
+    return CompileResult(artifact=Artifact(Path(out), meta), tasks=task_list, stage_seconds=times, schedules=sched)
+
+
+def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False,
             progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
@@ -126,6 +142,8 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
+    if output is None:
+        output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
     if require_tuned and tuning_log is None:
         raise InputError("--require-tuned needs a tuning log", "pass --tuning-log LOG.jsonl")
     tlog = None
@@ -159,6 +177,8 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path = "mod
     if unscheduled:
         progress(f"warning: {len(unscheduled)} kernel(s) have no default schedule and run unoptimized: "
                  + ", ".join(unscheduled[:5]) + (" ..." if len(unscheduled) > 5 else ""))
+    if tgt.artifact == "c-bundle":
+        return _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched, stage)
     ex = stage("build", pipeline.build, mod, tgt)
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
                                   onnx_sha256=imported.info.sha256,
@@ -175,6 +195,7 @@ class RunResult:
     inputs: dict[str, np.ndarray]
     comparison: list[OutputComparison] | None = None
     warnings: list[str] = field(default_factory=list)
+    ran_on: dict[str, Any] = field(default_factory=dict)   # C bundles: where, instructions, image sizes
 
     @property
     def ok(self) -> bool:
@@ -210,20 +231,29 @@ def _check_model_warning(artifact: Artifact, model: str | Path) -> list[str]:
 
 
 def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, check: str | Path | None = None,
-        rtol: float = 1e-4, seed: int = 0, threads: int | None = None, device=None) -> RunResult:
+        rtol: float = 1e-4, seed: int = 0, threads: int | None = None, device=None, on: str | None = None) -> RunResult:
     """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``.
-    ``device``: a board (``deploytool.device.parse(rpc=...)`` or "HOST:PORT"); default: this machine."""
+    ``device``: a board (``deploytool.device.parse(rpc=...)`` or "HOST:PORT"); default: this machine.
+    A Cortex-M C bundle runs under QEMU (``on="qemu"``, the default) or built for this machine (``on="host"``)."""
     from deploytool.inputs import save_outputs
 
     _check_threads(threads)
     _require(rtol > 0 and rtol == rtol and rtol != float("inf"), "--rtol", rtol, "a finite tolerance > 0, e.g. 1e-4")
     art = Artifact.open(artifact)
     feed = _inputs_for(art, inputs, seed)
-    runner = runner_for(art, _device_spec(device), threads)
-    outs = runner.run(feed)
+    ran_on: dict[str, Any] = {}
+    if art.target.get("artifact") == "c-bundle":
+        from deploytool import mcu
+
+        _require(on in (None, "qemu", "host"), "--on", on, "qemu or host")
+        r = mcu.run_bundle(art.path, feed, on=on or "qemu")
+        outs, ran_on = r.outputs, {"where": r.where, "instructions": r.instructions, "image": r.image}
+    else:
+        _require(on is None, "--on", on, "only for Cortex-M C bundles (leave it out for a .so)")
+        outs = runner_for(art, _device_spec(device), threads).run(feed)
     if output is not None:
         save_outputs(output, outs)
-    result = RunResult(outputs=outs, inputs=feed)
+    result = RunResult(outputs=outs, inputs=feed, ran_on=ran_on)
     if check is not None:
         load_onnx(check)  # one-line errors for a bad reference model
         result.warnings += _check_model_warning(art, check)

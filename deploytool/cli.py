@@ -90,6 +90,11 @@ def cmd_compile(args) -> int:
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
                     tuning_log=args.tuning_log, require_tuned=args.require_tuned, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
+    if r.artifact.path.is_dir():
+        _print_footprint(r.artifact)
+        print(f"wrote {r.artifact.path}/ (C bundle, {len(r.tasks)} kernels, target {r.artifact.target['name']}) in "
+              f"{r.seconds:.1f}s [{stages}]")
+        return 0
     print(f"wrote {r.artifact.path} ({_fmt_bytes(r.artifact.path.stat().st_size)}, {len(r.tasks)} kernels, "
           f"target {r.artifact.target['name']}) in {r.seconds:.1f}s [{stages}]")
     if r.schedules:
@@ -98,6 +103,17 @@ def cmd_compile(args) -> int:
         counts = Counter(r.schedules.values())
         print("schedules: " + ", ".join(f"{n} {rule}" for rule, n in counts.most_common()))
     return 0
+
+
+def _print_footprint(artifact) -> None:
+    fp = artifact.metadata["footprint"]
+    f, r = fp["flash"], fp["ram"]
+    print(f"footprint ({fp['target']}; also in {artifact.path}/footprint.json)")
+    print(f"  flash  {_fmt_bytes(f['total']):>10s}  = code {_fmt_bytes(f['code'])} + weights {_fmt_bytes(f['weights'])}")
+    print(f"  RAM    {_fmt_bytes(r['total']):>10s}  = arena {_fmt_bytes(r['arena'])} (of which workspace "
+          f"{_fmt_bytes(r['workspace_in_arena'])}) + stack {_fmt_bytes(r['stack'])} + other {_fmt_bytes(max(0, r['other']))}")
+    print(f"  arena  {fp['arena_ratio']:.3f}x its lower bound ({_fmt_bytes(fp['arena_lower_bound'])}: the most bytes "
+          "live at one step)")
 
 
 def _print_comparison(res) -> None:
@@ -113,13 +129,22 @@ def cmd_run(args) -> int:
 
     try:
         res = api.run(args.artifact, inputs=args.inputs, output=args.output, check=args.check, rtol=args.rtol,
-                      seed=args.seed, threads=args.threads, device=_device_arg(args))
+                      seed=args.seed, threads=args.threads, device=_device_arg(args), on=args.on)
     except CheckError as e:
         if e.report is not None:
             _print_comparison(e.report)
         raise
     for w in res.warnings:
         print(f"warning: {w}", file=sys.stderr)
+    if res.ran_on:
+        r = res.ran_on
+        where = "this machine (gcc)" if r["where"] == "host" else f"{r['where']} under QEMU"
+        extra = f": {r['instructions']:,} instructions (QEMU -icount)" if r.get("instructions") else ""
+        img = r.get("image") or {}
+        if img:
+            extra += f"; image text {_fmt_bytes(img.get('text', 0))}, data {_fmt_bytes(img.get('data', 0))}, bss " \
+                     f"{_fmt_bytes(img.get('bss', 0))}"
+        print(f"ran on {where}{extra}")
     for name, arr in res.outputs.items():
         stats = ""
         if arr.size and arr.dtype.kind in "fiu":
@@ -421,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("compile", help="compile a model into one self-describing .so")
     s.add_argument("model")
     s.add_argument("--target", default="x86", help="target preset or preset .json (see 'deploytool targets')")
-    s.add_argument("-o", "--output", default="model.so", help="output .so (default: model.so)")
+    s.add_argument("-o", "--output", help="output .so (default: model.so), or the folder of a Cortex-M C bundle "
+                   "(default: MODEL-TARGET/)")
     shape_arg(s)
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
     s.add_argument("--require-tuned", action="store_true",
@@ -492,6 +518,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("artifact")
     io_args(s)
     s.add_argument("--output", help="write the outputs to this .npz")
+    s.add_argument("--on", choices=["qemu", "host"], help="Cortex-M C bundles: run under qemu-system-arm (default) or "
+                   "built for this machine with gcc")
     s.add_argument("--check", metavar="MODEL.onnx", help="compare with onnxruntime on the same inputs")
     s.add_argument("--rtol", type=float, default=1e-4,
                    help="tolerance: max abs error relative to the output's max magnitude (default: 1e-4)")
