@@ -23,7 +23,7 @@ import numpy as np
 from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
 from deploytool.errors import CheckError, InputError, ShapeError
-from deploytool.frontend import ModelInfo, import_onnx, load_onnx, model_info, parse_input_shapes
+from deploytool.frontend import ModelInfo, import_model, import_onnx, load_onnx, model_info, parse_input_shapes
 from deploytool.pipeline import Task
 from deploytool.reference import OutputComparison, compare, ort_run, ort_session
 from deploytool.runner import LocalRunner, Timing, runner_for, time_callable
@@ -162,7 +162,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         progress(f"{name} done ({times[name]:.1f}s)")
         return out
 
-    imported = stage("import", import_onnx, model, _shapes(input_shapes))
+    imported = stage("import", import_model, model, _shapes(input_shapes))
     mod = stage("optimize", pipeline.optimize, imported.mod, tgt)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)

@@ -406,8 +406,12 @@ def _makefile(target) -> str:
     flags = " ".join(target.toolchain.get("cflags", []))
     return f"""# Builds libmodel.a for {target.name} ({target.description}).
 # Host build (tests, desktop): make CC=gcc AR=ar CFLAGS=-O2
-CC      ?= {target.toolchain.get('cc', 'arm-none-eabi-gcc')}
-AR      ?= arm-none-eabi-ar
+ifeq ($(origin CC),default)
+CC      := {target.toolchain.get('cc', 'arm-none-eabi-gcc')}
+endif
+ifeq ($(origin AR),default)
+AR      := arm-none-eabi-ar
+endif
 CFLAGS  ?= {flags}
 SRCS    := model.c kernels.c weights.c runtime.c
 OBJS    := $(SRCS:.c=.o)
@@ -464,8 +468,10 @@ def write_bundle(mod, target, out_dir: str | Path, prefix: str = "model", io_nam
     (out / "runtime.c").write_text(_RUNTIME_C)
     (out / "Makefile").write_text(_makefile(target).replace("model.c", f"{prefix}.c"))
     copy_headers(out / "include")
-    (out / "memory_plan.json").write_text(json.dumps({"steps": [asdict(s) for s in g.steps], **plan.to_dict()},
-                                                     indent=1))
+    tensors = {n: {"shape": list(t.shape), "dtype": t.dtype, "role": t.role, "bytes": t.nbytes}
+               for n, t in g.tensors.items()}
+    (out / "memory_plan.json").write_text(json.dumps({"steps": [asdict(s) for s in g.steps], "tensors": tensors,
+                                                      **plan.to_dict()}, indent=1))
     if metadata is not None:
         (out / "deploytool.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
     return out, plan, g

@@ -453,3 +453,68 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
         shape = tuple(int(d) for d in sinfo.shape.values)
         outputs.append(TensorSpec(name=orig, tvm_name=mapping.get(orig, orig), shape=shape, dtype=str(sinfo.dtype)))
     return ImportedModel(onnx_model=model, mod=mod, inputs=inputs, outputs=outputs, info=info)
+
+
+# ----------------------------------------------------------------------------- TFLite
+def import_tflite(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+    """Import a float .tflite model through TVM's Relax TFLite frontend (microcontroller users
+    arrive with them). Names are the TFLite tensor names; ``onnx_model`` is None."""
+    from collections import Counter
+
+    from deploytool.artifact import sha256_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"model file '{path}' not found", "check the path")
+    data = path.read_bytes()
+    if data[4:8] != b"TFL3":
+        raise ModelError(f"'{path.name}' is not a TFLite flatbuffer (no TFL3 identifier)",
+                         "pass a .tflite file written by the TFLite converter")
+    try:
+        import tflite
+    except ImportError:
+        raise ModelError("reading .tflite files needs the 'tflite' package", "pip install tflite") from None
+    model = tflite.Model.GetRootAsModel(data, 0)
+    if model.SubgraphsLength() != 1:
+        raise ModelError(f"'{path.name}' has {model.SubgraphsLength()} subgraphs; one is supported",
+                         "convert the model with a single subgraph")
+    sg = model.Subgraphs(0)
+    types = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 9: "int8", 7: "int16", 6: "bool"}
+
+    def spec(i: int) -> TensorSpec:
+        t = sg.Tensors(i)
+        name = t.Name().decode()
+        shape = tuple(int(x) for x in t.ShapeAsNumpy()) if t.ShapeLength() else ()
+        return TensorSpec(name=name, tvm_name=sanitize_name(name), shape=shape, dtype=types.get(t.Type(), "float32"))
+
+    inputs = [spec(int(i)) for i in sg.InputsAsNumpy()]
+    outputs = [spec(int(i)) for i in sg.OutputsAsNumpy()]
+    overrides = dict(input_shapes or {})
+    inputs = [TensorSpec(s.name, tuple(overrides.get(s.name, s.shape)), s.dtype, s.tvm_name) for s in inputs]
+    codes = Counter()
+    for k in range(sg.OperatorsLength()):
+        oc = model.OperatorCodes(sg.Operators(k).OpcodeIndex())
+        code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
+        names = {v: n for n, v in vars(tflite.BuiltinOperator).items() if not n.startswith("_")}
+        codes[names.get(code, str(code))] += 1
+    from tvm.relax.frontend.tflite import from_tflite
+
+    try:
+        mod = from_tflite(model, shape_dict={s.name: s.shape for s in inputs},
+                          dtype_dict={s.name: s.dtype for s in inputs})
+    except Exception as e:
+        raise ModelError(f"importing '{path.name}' failed: {describe(e)}",
+                         "check its operators with a TFLite viewer; file an issue with the model attached") from e
+    main = mod["main"]
+    inputs = [TensorSpec(s.name, s.shape, s.dtype, p.name) for s, p in zip(inputs, main.params)]
+    info = ModelInfo(path=str(path), sha256=sha256_file(path), ir_version=0, opsets={"tflite": model.Version()},
+                     producer=(model.Description() or b"").decode(errors="replace"), inputs=inputs, outputs=outputs,
+                     dynamic_dims={}, op_histogram=codes, initializer_count=0, initializer_bytes=0)
+    return ImportedModel(onnx_model=None, mod=mod, inputs=inputs, outputs=outputs, info=info)
+
+
+def import_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+    """ONNX, or TFLite by its .tflite suffix."""
+    if str(path).endswith(".tflite"):
+        return import_tflite(path, input_shapes)
+    return import_onnx(path, input_shapes)

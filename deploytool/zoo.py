@@ -7,6 +7,8 @@ same code writes the same bytes (the corpus manifest pins their SHA-256):
 * ``bert_encoder``  a BERT-base-like encoder: seq 128, hidden 768, 12 heads, 12 layers, FFN 3072,
                     MatMul / Softmax / LayerNormalization / erf-GELU; token ids in, hidden states out
 * ``ds_cnn_1d``     a keyword-spotting DS-CNN over 40 log-mel bins x 98 frames, 1-D convolutions
+* ``micro_cnn``     a small image classifier for microcontrollers (conv, depthwise, pooling, dense, softmax)
+* ``kws_dscnn``     MLPerf Tiny's keyword-spotting DS-CNN (49 x 10 MFCC, 2-D depthwise-separable blocks)
 """
 
 from __future__ import annotations
@@ -149,4 +151,52 @@ def ds_cnn_1d(seed: int = 0, mels: int = 40, frames: int = 98, channels: int = 6
                    [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, num_classes])], opset=13)
 
 
-BUILDERS = {"mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d}
+def micro_cnn(seed: int = 0, size: int = 32, num_classes: int = 10):
+    """A small image classifier for microcontrollers (~67 KB of float weights): conv, depthwise conv,
+    pointwise conv, max and average pooling, dense, softmax."""
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    y = b.op("Relu", [b.op("Conv", ["image", b.weight((16, 3, 3, 3), 27), b.bias(16)], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1], strides=[2, 2])])
+    y = b.op("Relu", [b.op("Conv", [y, b.weight((16, 1, 3, 3), 9), b.bias(16)], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1], group=16)])
+    y = b.op("Relu", [b.op("Conv", [y, b.weight((32, 16, 1, 1), 16), b.bias(32)], kernel_shape=[1, 1])])
+    y = b.op("MaxPool", [y], kernel_shape=[2, 2], strides=[2, 2])
+    y = b.op("Relu", [b.op("Conv", [y, b.weight((32, 1, 3, 3), 9), b.bias(32)], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1], group=32)])
+    y = b.op("Relu", [b.op("Conv", [y, b.weight((48, 32, 1, 1), 32), b.bias(48)], kernel_shape=[1, 1])])
+    y = b.op("Relu", [b.op("Conv", [y, b.weight((32, 48, 3, 3), 432), b.bias(32)], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1], strides=[2, 2])])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((num_classes, 32), 32, gain=1.0), b.bias(num_classes)], transB=1)
+    b.op("Softmax", [y], axis=1)
+    b.nodes[-1].output[0] = "probs"
+    return b.model("micro_cnn", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, num_classes])], opset=13)
+
+
+def kws_dscnn(seed: int = 0, frames: int = 49, mfcc: int = 10, channels: int = 64, blocks: int = 4,
+              num_classes: int = 12):
+    """The keyword-spotting DS-CNN of MLPerf Tiny (49 frames x 10 MFCC, 64 channels, 4 depthwise-
+    separable blocks, ~23 K parameters), with BatchNorm folded into the convolutions' biases."""
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    y = b.op("Relu", [b.op("Conv", ["mfcc", b.weight((channels, 1, 10, 4), 40), b.bias(channels)],
+                            kernel_shape=[10, 4], strides=[2, 2], pads=[4, 1, 5, 2])])
+    for _ in range(blocks):
+        y = b.op("Relu", [b.op("Conv", [y, b.weight((channels, 1, 3, 3), 9), b.bias(channels)], kernel_shape=[3, 3],
+                                pads=[1, 1, 1, 1], group=channels)])
+        y = b.op("Relu", [b.op("Conv", [y, b.weight((channels, channels, 1, 1), channels), b.bias(channels)],
+                                kernel_shape=[1, 1])])
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [y])], axis=1)
+    y = b.op("Gemm", [y, b.weight((num_classes, channels), channels, gain=1.0), b.bias(num_classes)], transB=1)
+    b.op("Softmax", [y], axis=1)
+    b.nodes[-1].output[0] = "scores"
+    return b.model("kws_dscnn", [helper.make_tensor_value_info("mfcc", TensorProto.FLOAT, [1, 1, frames, mfcc])],
+                   [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, num_classes])], opset=13)
+
+
+BUILDERS = {"mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
+            "micro_cnn": micro_cnn, "kws_dscnn": kws_dscnn}

@@ -27,4 +27,8 @@ def apply_defaults(mod, target, report: dict | None = None):
         from deploytool.schedules import cpu
 
         return cpu.apply(mod, target, report)
+    if family == "cortex-m":
+        from deploytool.schedules import mcu
+
+        return mcu.apply(mod, target, report)
     return mod
