@@ -247,7 +247,8 @@ def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, 
 
         _require(on in (None, "qemu", "host"), "--on", on, "qemu or host")
         r = mcu.run_bundle(art.path, feed, on=on or "qemu")
-        outs, ran_on = r.outputs, {"where": r.where, "instructions": r.instructions, "image": r.image}
+        outs, ran_on = r.outputs, {"where": r.where, "instructions": r.instructions, "stack_bytes": r.stack_bytes,
+                                   "image": r.image}
     else:
         _require(on is None, "--on", on, "only for Cortex-M C bundles (leave it out for a .so)")
         outs = runner_for(art, _device_spec(device), threads).run(feed)

@@ -140,6 +140,8 @@ def cmd_run(args) -> int:
         r = res.ran_on
         where = "this machine (gcc)" if r["where"] == "host" else f"{r['where']} under QEMU"
         extra = f": {r['instructions']:,} instructions (QEMU -icount)" if r.get("instructions") else ""
+        if r.get("stack_bytes"):
+            extra += f", stack high-water {_fmt_bytes(r['stack_bytes'])}"
         img = r.get("image") or {}
         if img:
             extra += f"; image text {_fmt_bytes(img.get('text', 0))}, data {_fmt_bytes(img.get('data', 0))}, bss " \

@@ -43,6 +43,21 @@ _HARNESS = r"""/* Test harness: inputs from in<i>.bin, outputs to out<i>.bin (st
 #define SYST_RVR (*(volatile uint32_t*)0xE000E014)
 #define SYST_CVR (*(volatile uint32_t*)0xE000E018)
 #define CPACR (*(volatile uint32_t*)0xE000ED88)
+/* Stack high-water mark: paint 48 KB below the current stack pointer, run, find the deepest word
+ * overwritten. (rdimon's startup moves the stack to where QEMU's semihosting says memory ends, so
+ * the linker script's stack symbols don't apply.) */
+#define DT_PAINT (48u * 1024u)
+static uint32_t __attribute__((noinline)) paint_stack(void) {
+  uint32_t sp;
+  __asm volatile("mov %0, sp" : "=r"(sp));
+  for (uint32_t* p = (uint32_t*)(sp - DT_PAINT); p < (uint32_t*)(sp - 32); ++p) *p = 0xDEADBEEFu;
+  return sp;
+}
+static uint32_t stack_used(uint32_t sp0) {
+  uint32_t* p = (uint32_t*)(sp0 - DT_PAINT);
+  while (p < (uint32_t*)sp0 && *p == 0xDEADBEEFu) ++p;
+  return sp0 - (uint32_t)p;
+}
 void SystemInit(void) {
   CPACR |= (0xFu << 20);  /* the FPU: CP10 and CP11 full access */
   __asm volatile("dsb\n isb");
@@ -72,13 +87,16 @@ int main(void) {
   for (int i = 0; i < MODEL_NUM_OUTPUTS; ++i) outputs[i] = alloc16(out_bytes[i]);
 #ifdef DT_MCU
   /* SysTick down-counts the processor clock; 24 bits: 671 M instructions under -icount shift=0 */
+  uint32_t sp0 = paint_stack();
   SYST_RVR = 0xFFFFFFu; SYST_CVR = 0; SYST_CSR = 5;
   uint32_t t0 = SYST_CVR;
 #endif
   int rc = model_run(inputs, outputs);
 #ifdef DT_MCU
   uint32_t t1 = SYST_CVR;
+  uint32_t stack = stack_used(sp0);
   printf("ticks %lu\n", (unsigned long)((t0 - t1) & 0xFFFFFFu));
+  printf("stack %lu\n", (unsigned long)stack);
 #endif
   if (rc != 0) { printf("model_run failed: %s\n", model_last_error()); return 4; }
   for (int i = 0; i < MODEL_NUM_OUTPUTS; ++i) {
@@ -98,11 +116,14 @@ class BundleRun:
     outputs: dict[str, np.ndarray]
     where: str                                   # "host" or the QEMU machine
     instructions: int | None = None              # under QEMU: instructions of one model_run (+-40)
+    stack_bytes: int | None = None               # under QEMU: stack high-water mark of model_run
     image: dict[str, int] = field(default_factory=dict)  # ELF sections of the QEMU image: text, data, bss
 
 
-def _sources(bundle: Path) -> list[str]:
-    return [str(bundle / f) for f in ("model.c", "kernels.c", "weights.c", "runtime.c")]
+def _sources(bundle: Path, mcu: bool = False) -> list[str]:
+    """The bundle's sources; for the MCU, the LLVM-built kernels (kernels_thumb.o) when present."""
+    kernels = "kernels_thumb.o" if mcu and (bundle / "kernels_thumb.o").exists() else "kernels.c"
+    return [str(bundle / f) for f in ("model.c", kernels, "weights.c", "runtime.c")]
 
 
 def _harness(art: Artifact, work: Path) -> Path:
@@ -142,7 +163,7 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
                 raise BuildError(f"building the bundle for this machine failed: {r.stderr.strip()[:300]}",
                                  "report it with the bundle attached")
             r = _run([str(work / "app")], work, "the host build")
-            where, instructions, image = "host", None, {}
+            where, instructions, image, stack_bytes = "host", None, {}, None
         else:
             core = target["name"]
             if core not in _CORE:
@@ -163,7 +184,7 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
             cflags = [f for f in target.get("toolchain", {}).get("cflags", [])]
             cmd = [cc, *cflags, "-std=gnu11", "-DDT_MCU", f"-I{bundle}", f"-I{bundle / 'include'}",
                    "-ffunction-sections", "-fdata-sections", "-D__STARTUP_CLEAR_BSS", "-D__STACK_SIZE=0x10000",
-                   "-D__HEAP_SIZE=0x200000", str(startup), *_sources(bundle), str(harness),
+                   "-D__HEAP_SIZE=0x200000", str(startup), *_sources(bundle, mcu=True), str(harness),
                    "--specs=rdimon.specs", "-u", "_printf_float", "-Wl,--gc-sections", f"-L{work}", "-T", "gcc.ld",
                    "-lm", "-o", str(work / "app.elf")]
             r = _run(cmd, work, cc)
@@ -182,9 +203,11 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
             where = machine
             ticks = [ln for ln in r.stdout.splitlines() if ln.startswith("ticks ")]
             instructions = int(ticks[0].split()[1]) * 40 if ticks else None
+            stack = [ln for ln in r.stdout.splitlines() if ln.startswith("stack ")]
+            stack_bytes = int(stack[0].split()[1]) if stack else None
         if r.returncode != 0 or "ok" not in r.stdout.split():
             raise DeviceError(f"the bundle failed on {where}: {(r.stdout + r.stderr).strip()[-300:] or 'exit ' + str(r.returncode)}",
                               "report it with the bundle attached")
         outs = {s.name: np.fromfile(work / f"out{i}.bin", dtype=s.dtype).reshape(s.shape)
                 for i, s in enumerate(art.outputs)}
-    return BundleRun(outs, where, instructions, image)
+    return BundleRun(outs, where, instructions, stack_bytes, image)
