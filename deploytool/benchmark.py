@@ -209,6 +209,26 @@ def markdown_tuned(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def markdown_mcu(result: dict[str, Any]) -> str:
+    kib = lambda n: f"{n / 1024:.1f}"  # noqa: E731
+    lines = [f"C bundles, default schedules, {result['date']}; run once under QEMU (mps2-an386 for M4, mps2-an500 for "
+             "M7, mps3-an547 for M55) and checked against onnxruntime. Flash = code (executor, runtime shim, kernels) + weights, objects "
+             "only (libc/libm come on top: see the image). Arena: one static buffer for every intermediate tensor and "
+             "workspace, vs the most bytes live at any step. Instructions: QEMU -icount (1 ns per instruction, "
+             "counted by SysTick: +-40); LLVM-built kernels vs TVM's C compiled by arm-none-eabi-gcc -O2.", ""]
+    lines += _table(dict(result, geomean_ratio=None), [
+        ("model", "l", lambda r: r["model"]), ("target", "l", lambda r: r["target"]),
+        ("flash KiB (code + weights)", "r", lambda r: f"{kib(r['flash_code'] + r['flash_weights'])} "
+                                                      f"({kib(r['flash_code'])} + {kib(r['flash_weights'])})"),
+        ("arena KiB", "r", lambda r: kib(r["arena"])), ("arena / bound", "r", lambda r: f"{r['arena_ratio']:.3f}"),
+        ("stack B (measured)", "r", lambda r: str(r["stack_measured"])),
+        ("instructions", "r", lambda r: f"{r['instructions']:,}"),
+        ("with C kernels", "r", lambda r: f"{r['instructions_c_kernels']:,}"),
+        ("image text KiB", "r", lambda r: kib(r["image"].get("text", 0))),
+        ("max rel err", "r", lambda r: f"{r['max_rel_err']:.1e}")])
+    return "\n".join(lines) + "\n"
+
+
 def markdown_simd(result: dict[str, Any]) -> str:
     lines = [f"Default schedules, cross-compiled for `{result['target']}`, {result['date']}; read from each build's "
              "disassembly (`deploytool simd`): conv/matmul kernels with vector fused multiply-adds (`fmla v.4s` / "
@@ -272,6 +292,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     for f in sorted(results_dir.glob("simd-*.json")):
         res = json.loads(f.read_text())
         parts.append(f"## NEON, shown: `python bench/neon.py` (target `{res['target']}`)\n\n" + markdown_simd(res))
+    f = results_dir / "mcu.json"
+    if f.is_file():
+        parts.append("## Microcontrollers: `python bench/mcu.py`\n\n" + markdown_mcu(json.loads(f.read_text())))
     f = results_dir / "cost_model.md"
     if f.is_file():
         parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())

@@ -4,8 +4,9 @@ with semihosting, which carries the inputs and outputs as files.
 
 The harness (generated) reads ``in<i>.bin``, calls ``model_run`` once, writes ``out<i>.bin``. Under
 QEMU with ``-icount shift=0`` every instruction advances the virtual clock by 1 ns, so SysTick,
-which counts the 25 MHz processor clock, counts instructions in steps of 40: QEMU can't measure
-time, but it can count instructions.
+which counts the processor clock (25 MHz on MPS2), counts instructions in steps of 40: QEMU can't measure
+time, but it can count instructions (calibrated: a loop of 3,000,000 instructions reads 75,000
+ticks on mps2-an500 and 96,000 on mps3-an547, whose clock is 32 MHz).
 """
 
 from __future__ import annotations
@@ -22,14 +23,24 @@ from deploytool.artifact import Artifact
 from deploytool.errors import BuildError, DeviceError, ToolchainError
 
 EXAMPLES = Path("/usr/share/doc/gcc-arm-none-eabi/examples")
-_CORE = {"cortex-m4": ("ARMCM4", "cortex-m4"), "cortex-m7": ("ARMCM7", "cortex-m7")}
-# Both MPS2 images: 4 MB of SSRAM at 0 (code, weights) and 4 MB at 0x20000000 (data). Replaces the
-# MEMORY block of the examples' gcc.ld.
+# target -> (startup file of the examples, QEMU CPU); the M55 boots with the M7's startup code (same
+# vector table; Thumb-2 only).
+_CORE = {"cortex-m4": ("ARMCM4", "cortex-m4"), "cortex-m7": ("ARMCM7", "cortex-m7"), "cortex-m55": ("ARMCM7", "cortex-m55")}
+# Memory per QEMU machine (replaces the MEMORY block of the examples' gcc.ld), and the heap the
+# harness may use for inputs and outputs. MPS2: 4 MB of SSRAM at 0 (code, weights) and 4 MB at
+# 0x20000000 (data). MPS3 AN547 (Cortex-M55): all in its 512 KB ITCM at 0 (QEMU's semihosting
+# reports the ITCM as the memory that heap and stack live in: rdimon's startup puts them there).
+_MEM = {"mps2": (0x0, 0x400000, 0x20000000, 0x400000, 0x200000),
+        "mps3-an547": (0x0, 0x30000, 0x30000, 0x50000, 0x10000)}
+# SysTick runs at the machine's system clock: 25 MHz on MPS2, 32 MHz on MPS3 AN547. Under -icount
+# shift=0 one instruction is 1 ns, so a tick is 40 (31.25) instructions (calibrated with a loop of
+# 3 M instructions on both).
+_NS_PER_TICK = {"mps3-an547": 31.25}
 _MEM_LD = """MEMORY
-{
-  FLASH (rx) : ORIGIN = 0x00000000, LENGTH = 0x00400000
-  RAM (rwx)  : ORIGIN = 0x20000000, LENGTH = 0x00400000
-}
+{{
+  FLASH (rx) : ORIGIN = {flash0:#x}, LENGTH = {flash:#x}
+  RAM (rwx)  : ORIGIN = {ram0:#x}, LENGTH = {ram:#x}
+}}
 """
 
 _HARNESS = r"""/* Test harness: inputs from in<i>.bin, outputs to out<i>.bin (stdio: semihosting on the MCU). */
@@ -179,12 +190,14 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
                                      "install Debian's gcc-arm-none-eabi with its documentation")
             import re
 
+            flash0, flash, ram0, ram, heap = _MEM.get(machine, _MEM["mps2"])
             ld = (EXAMPLES / "ldscripts" / "gcc.ld").read_text()  # its MEMORY block is an 8 KB example
-            (work / "gcc.ld").write_text(re.sub(r"MEMORY\s*\{[^}]*\}", _MEM_LD.strip(), ld, count=1))
+            mem = _MEM_LD.format(flash0=flash0, flash=flash, ram0=ram0, ram=ram).strip()
+            (work / "gcc.ld").write_text(re.sub(r"MEMORY\s*\{[^}]*\}", lambda _: mem, ld, count=1))
             cflags = [f for f in target.get("toolchain", {}).get("cflags", [])]
             cmd = [cc, *cflags, "-std=gnu11", "-DDT_MCU", f"-I{bundle}", f"-I{bundle / 'include'}",
                    "-ffunction-sections", "-fdata-sections", "-D__STARTUP_CLEAR_BSS", "-D__STACK_SIZE=0x10000",
-                   "-D__HEAP_SIZE=0x200000", str(startup), *_sources(bundle, mcu=True), str(harness),
+                   f"-D__HEAP_SIZE={heap:#x}", str(startup), *_sources(bundle, mcu=True), str(harness),
                    "--specs=rdimon.specs", "-u", "_printf_float", "-Wl,--gc-sections", f"-L{work}", "-T", "gcc.ld",
                    "-lm", "-o", str(work / "app.elf")]
             r = _run(cmd, work, cc)
@@ -202,7 +215,7 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
                       "-kernel", str(work / "app.elf")], work, f"QEMU ({machine})")
             where = machine
             ticks = [ln for ln in r.stdout.splitlines() if ln.startswith("ticks ")]
-            instructions = int(ticks[0].split()[1]) * 40 if ticks else None
+            instructions = round(int(ticks[0].split()[1]) * _NS_PER_TICK.get(machine, 40)) if ticks else None
             stack = [ln for ln in r.stdout.splitlines() if ln.startswith("stack ")]
             stack_bytes = int(stack[0].split()[1]) if stack else None
         if r.returncode != 0 or "ok" not in r.stdout.split():

@@ -1,6 +1,6 @@
 """Cortex-M C bundles: a small CNN (conv, depthwise, pooling, dense, softmax) and MLPerf Tiny's
-keyword-spotting DS-CNN, plus a .tflite model, compiled for Cortex-M4 and M7; built for the host with
-gcc and run under qemu-system-arm (mps2-an386 / mps2-an500) with outputs checked against
+keyword-spotting DS-CNN, plus a .tflite model, compiled for Cortex-M4, M7 and M55; built for the host
+with gcc and run under qemu-system-arm (mps2-an386 / mps2-an500 / mps3-an547) with outputs checked against
 onnxruntime; the static arena within 1.05x of the lower bound that the test computes itself; the
 bundle's own Makefile; the footprint report."""
 
@@ -74,7 +74,7 @@ def _lower_bound(plan: dict) -> int:
     return best
 
 
-@pytest.mark.parametrize("target", ["cortex-m4", "cortex-m7"])
+@pytest.mark.parametrize("target", ["cortex-m4", "cortex-m7", "cortex-m55"])
 @pytest.mark.parametrize("model", ["micro_cnn", "kws_dscnn"])
 def test_bundle_matches_onnxruntime_on_host_and_qemu(cli, mcu_models, tmp_path, model, target):
     _need("arm-none-eabi-gcc", "qemu-system-arm", "gcc")
@@ -100,7 +100,9 @@ def test_bundle_matches_onnxruntime_on_host_and_qemu(cli, mcu_models, tmp_path, 
     for on in ("host", "qemu"):
         r = cli("run", out, "--check", mcu_models[model], "--on", on)
         assert r.code == 0 and "check passed" in r.out, r
-    assert ("mps2-an386" if target == "cortex-m4" else "mps2-an500") in r.out and "instructions" in r.out
+    machine = {"cortex-m4": "mps2-an386", "cortex-m7": "mps2-an500", "cortex-m55": "mps3-an547"}[target]
+    assert machine in r.out and "instructions" in r.out and "stack high-water" in r.out
+    assert (out / "kernels_thumb.o").is_file()  # the MCU runs LLVM's kernels; the host build the C ones
 
 
 def test_bundle_makefile_builds_the_library(cli, mcu_models, tmp_path):
