@@ -53,6 +53,31 @@ def _shapes(input_shapes) -> dict[str, tuple[int, ...]]:
     return parse_input_shapes(list(input_shapes))
 
 
+def _bindings(bind_inputs) -> dict[str, np.ndarray]:
+    """--bind-input NAME=1,2,3 | NAME=file.npy (repeatable), or a dict of arrays."""
+    if not bind_inputs:
+        return {}
+    if isinstance(bind_inputs, dict):
+        return {k: np.asarray(v) for k, v in bind_inputs.items()}
+    out = {}
+    for spec in bind_inputs:
+        name, sep, value = str(spec).partition("=")
+        if not sep or not name or not value:
+            raise InputError(f"--bind-input '{spec}' is not NAME=VALUES", "write e.g. --bind-input axes=0,2 or axes=axes.npy")
+        if value.endswith(".npy"):
+            try:
+                out[name] = np.load(value)
+            except OSError as e:
+                raise InputError(f"--bind-input {name}: cannot read '{value}' ({e})", "check the path") from None
+            continue
+        try:
+            vals = [float(v) if any(c in v for c in ".eE") else int(v) for v in value.split(",")]
+        except ValueError:
+            raise InputError(f"--bind-input {name}: '{value}' is not a list of numbers", "e.g. 1,3,224,224") from None
+        out[name] = np.array(vals, np.float32 if any(isinstance(v, float) for v in vals) else np.int64)
+    return out
+
+
 # ----------------------------------------------------------------------------- inspect
 @dataclass
 class InspectResult:
@@ -130,11 +155,12 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 
 
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
-            tuning_log: str | Path | None = None, require_tuned: bool = False,
+            tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
             progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
-    ``require_tuned`` makes a kernel without a record an error that lists them all."""
+    ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
+    ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs)."""
     from deploytool import pipeline
     from deploytool.tuninglog import TuningLog
 
@@ -162,7 +188,8 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         progress(f"{name} done ({times[name]:.1f}s)")
         return out
 
-    imported = stage("import", import_model, model, _shapes(input_shapes))
+    bound = _bindings(bind_inputs)
+    imported = stage("import", import_model, model, _shapes(input_shapes), bound)
     mod = stage("optimize", pipeline.optimize, imported.mod, tgt)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
@@ -183,7 +210,8 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
                                   onnx_sha256=imported.info.sha256,
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
-                                  extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned")})
+                                  extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"),
+                                         "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
     return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
 

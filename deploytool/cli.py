@@ -88,6 +88,7 @@ def cmd_compile(args) -> int:
 
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
+                    bind_inputs=args.bind_input,
                     tuning_log=args.tuning_log, require_tuned=args.require_tuned, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     if r.artifact.path.is_dir():
@@ -451,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", help="output .so (default: model.so), or the folder of a Cortex-M C bundle "
                    "(default: MODEL-TARGET/)")
     shape_arg(s)
+    s.add_argument("--bind-input", action="append", metavar="NAME=V1,V2|NAME=FILE.npy",
+                   help="make an input a compile-time constant (shape, axes or sizes given as inputs), repeatable")
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
     s.add_argument("--require-tuned", action="store_true",
                    help="fail (exit 2, listing them) if any kernel has no record in the tuning log: the CI mode")

@@ -406,16 +406,33 @@ def rewrite_for_import(model) -> None:
     walk(model.graph)
 
 
-def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
-    """Load, validate, fix shapes, sanitize names and import to Relax."""
+def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                bind: dict[str, Any] | None = None) -> ImportedModel:
+    """Load, validate, fix shapes, sanitize names and import to Relax. ``bind`` makes inputs
+    constants with the given values (compile-time specialization of shape/axes inputs)."""
+    from deploytool import onnx_passes
+
     model = load_onnx(path)
+    if bind:
+        names = {vi.name for vi in graph_inputs(model)}
+        unknown = [n for n in bind if n not in names]
+        if unknown:
+            raise ShapeError(f"--bind-input names unknown input(s) {', '.join(unknown)}",
+                             f"the model's inputs are: {', '.join(sorted(names))}")
+        onnx_passes.bind_inputs(model, bind)
     info = model_info(model, path)
-    if info.unsupported:
-        raise UnsupportedOperatorError(info.unsupported)
+    # operators TVM lacks (or gets wrong) are replaced by their ONNX function bodies where they have one
+    if info.unsupported or onnx_passes.ALWAYS_EXPAND & set(info.op_histogram):
+        model, _ = onnx_passes.expand_functions(model, set(info.unsupported))
+        remaining = unsupported_ops(model)
+        if remaining:
+            raise UnsupportedOperatorError(remaining)
     _apply_input_shapes(model, dict(input_shapes or {}), info)
     orig_inputs = [vi.name for vi in graph_inputs(model)]
     orig_outputs = [vi.name for vi in model.graph.output]
     model = _upgrade_old_slice(model, info)
+    onnx_passes.normalize_constants(model)
+    model = onnx_passes.fold_constants(model)
     rewrite_for_import(model)
     mapping = sanitize_names(model)
 
@@ -513,8 +530,11 @@ def import_tflite(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | N
     return ImportedModel(onnx_model=None, mod=mod, inputs=inputs, outputs=outputs, info=info)
 
 
-def import_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None) -> ImportedModel:
+def import_model(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | None = None,
+                 bind: dict[str, Any] | None = None) -> ImportedModel:
     """ONNX, or TFLite by its .tflite suffix."""
     if str(path).endswith(".tflite"):
+        if bind:
+            raise ShapeError("--bind-input works on ONNX models", "drop it for .tflite models")
         return import_tflite(path, input_shapes)
-    return import_onnx(path, input_shapes)
+    return import_onnx(path, input_shapes, bind)

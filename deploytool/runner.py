@@ -93,7 +93,8 @@ class _VMRunner:
     def to_device(self, inputs: dict[str, np.ndarray]) -> list:
         import tvm
 
-        return [tvm.runtime.tensor(np.ascontiguousarray(inputs[s.name]), self.device) for s in self.artifact.inputs]
+        # np.asarray(order="C") keeps 0-d inputs 0-d (np.ascontiguousarray makes them 1-d)
+        return [tvm.runtime.tensor(np.asarray(inputs[s.name], order="C"), self.device) for s in self.artifact.inputs]
 
     def _collect(self, result) -> dict[str, np.ndarray]:
         outs = self.artifact.outputs

@@ -1,0 +1,263 @@
+"""ONNX-level passes that run before TVM's importer, so that more models import (deploytool owns
+them; TVM is not forked):
+
+* ``normalize_constants``: ``Constant`` nodes written with ``value_float(s)`` / ``value_int(s)``
+  become ``value`` tensors (TVM's converter reads only ``value``).
+* ``expand_functions``: an operator TVM can't import (or imports wrongly) whose ONNX schema has a
+  function body is replaced by that body (context-dependent bodies included), inlined with onnx's
+  inliner.
+* ``fold_constants``: with the input shapes fixed, shape inference plus constant folding at the
+  ONNX level: ``Shape``/``Size`` of statically shaped tensors and every node whose inputs are all
+  constants are evaluated by onnx's reference implementation and become initializers, so that
+  graphs that compute shapes at run time (Shape -> Gather -> Concat -> Reshape) still build.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+EXPAND_DOMAIN = "deploytool.expand"
+# Converters in TVM 0.27 that fail or give wrong results although the op has a function body.
+ALWAYS_EXPAND = {"Attention"}
+_MAX_FOLD_ELEMENTS = 1 << 20
+
+
+def normalize_constants(model) -> None:
+    from onnx import helper, numpy_helper
+
+    for node in _all_nodes(model.graph):
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {a.name: a for a in node.attribute}
+        if "value" in attrs or "sparse_value" in attrs:
+            continue
+        arr = None
+        if "value_float" in attrs:
+            arr = np.array(attrs["value_float"].f, np.float32)
+        elif "value_floats" in attrs:
+            arr = np.array(list(attrs["value_floats"].floats), np.float32)
+        elif "value_int" in attrs:
+            arr = np.array(attrs["value_int"].i, np.int64)
+        elif "value_ints" in attrs:
+            arr = np.array(list(attrs["value_ints"].ints), np.int64)
+        if arr is None:
+            continue
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("value", numpy_helper.from_array(arr)))
+
+
+def _all_nodes(graph):
+    for n in graph.node:
+        yield n
+        for a in n.attribute:
+            if a.g is not None and a.g.node:
+                yield from _all_nodes(a.g)
+            for g in a.graphs:
+                yield from _all_nodes(g)
+
+
+def _opset(model, domain: str = "") -> int:
+    for o in model.opset_import:
+        if o.domain in ((domain, "ai.onnx") if domain == "" else (domain,)):
+            return o.version
+    return 0
+
+
+def _function_body(node, opset: int, value_types: dict):
+    """The FunctionProto of ``node``'s schema at ``opset`` (context-dependent ones instantiated), or None."""
+    import onnx
+    from onnx import defs
+
+    try:
+        schema = defs.get_schema(node.op_type, opset, node.domain)
+    except Exception:
+        return None
+    if schema.has_function:
+        return schema.function_body
+    if schema.has_context_dependent_function:
+        types = []
+        for name in node.input:
+            if name not in value_types:
+                return None
+            types.append(value_types[name].SerializeToString())
+        try:
+            data = schema.get_context_dependent_function(node.SerializeToString(), types)
+        except Exception:
+            return None
+        fp = onnx.FunctionProto()
+        fp.ParseFromString(data)
+        return fp
+    return None
+
+
+def expand_functions(model, ops: set[str]):
+    """Expand every top-level node whose op_type is in ``ops`` (or ALWAYS_EXPAND) into its schema's
+    function body. Returns the new model and the ops it expanded."""
+    import onnx
+    from onnx import helper, inliner, shape_inference
+
+    targets = [n for n in model.graph.node if n.domain in ("", "ai.onnx") and (n.op_type in ops or n.op_type in ALWAYS_EXPAND)]
+    if not targets:
+        return model, set()
+    try:
+        inferred = shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    value_types = {vi.name: vi.type for vi in list(inferred.graph.input) + list(inferred.graph.value_info)
+                   + list(inferred.graph.output)}
+    for t in inferred.graph.initializer:
+        value_types[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    opset = _opset(model)
+    expanded = set()
+    for i, node in enumerate(targets):
+        body = _function_body(node, opset, value_types)
+        if body is None:
+            continue
+        f = onnx.FunctionProto()
+        f.CopyFrom(body)
+        f.domain, f.name = EXPAND_DOMAIN, f"{node.op_type}_{i}"
+        node.domain, node.op_type = EXPAND_DOMAIN, f.name
+        model.functions.append(f)
+        expanded.add(body.name or node.op_type)
+    if not expanded:
+        return model, set()
+    if not any(o.domain == EXPAND_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(EXPAND_DOMAIN, 1))
+    model = inliner.inline_local_functions(model)
+    keep = [o for o in model.opset_import if o.domain != EXPAND_DOMAIN]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    return model, expanded
+
+
+def fold_constants(model):
+    """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers."""
+    from onnx import helper, numpy_helper, shape_inference
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        model = shape_inference.infer_shapes(model, data_prop=True)
+    except Exception as e:
+        log.debug("shape inference failed: %s", e)
+        return model
+    g = model.graph
+    consts = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    shapes = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if vi.type.WhichOneof("value") == "tensor_type" and tt.HasField("shape"):
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+            if all(d is not None for d in dims):
+                shapes[vi.name] = dims
+    graph_outputs = {o.name for o in g.output}
+    keep_nodes = []
+    new_inits = []
+    opset = _opset(model)
+    for node in g.node:
+        value = None
+        if node.domain in ("", "ai.onnx") and not any(a.g.node for a in node.attribute if a.g is not None):
+            if node.op_type == "Shape" and node.input[0] in shapes:
+                attrs = {a.name: a.i for a in node.attribute}
+                value = [np.array(shapes[node.input[0]][attrs.get("start", 0):attrs.get("end")], np.int64)]
+            elif node.op_type == "Size" and node.input[0] in shapes:
+                value = [np.array(int(np.prod(shapes[node.input[0]])), np.int64)]
+            elif (node.op_type not in ("RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                                       "Multinomial", "Bernoulli") and node.input
+                  and all(i == "" or i in consts for i in node.input)):
+                try:
+                    single = helper.make_model(
+                        helper.make_graph([node], "fold", [], [helper.make_tensor_value_info(o, 0, None)
+                                                               for o in node.output if o]),
+                        opset_imports=[helper.make_opsetid("", opset)])
+                    ev = ReferenceEvaluator(single)
+                    value = ev.run(None, {})
+                    value = [np.asarray(v) for v in value]
+                    if any(v.size > _MAX_FOLD_ELEMENTS or v.dtype == object for v in value):
+                        value = None
+                except Exception as e:
+                    log.debug("cannot fold %s: %s", node.op_type, e)
+                    value = None
+            if node.op_type == "Constant" and value is None:
+                try:
+                    value = [numpy_helper.to_array(next(a.t for a in node.attribute if a.name == "value"))]
+                except StopIteration:
+                    value = None
+        outs = [o for o in node.output if o]
+        if value is not None and len(value) == len(outs) and not (set(outs) & graph_outputs):
+            for o, v in zip(outs, value):
+                consts[o] = v
+                new_inits.append(numpy_helper.from_array(v, o))
+                shapes[o] = list(v.shape)
+            continue
+        keep_nodes.append(node)
+    if not new_inits:
+        return model
+    del g.node[:]
+    g.node.extend(keep_nodes)
+    g.initializer.extend(new_inits)
+    if model.ir_version < 4:  # initializers must be graph inputs too
+        g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in new_inits)
+    # drop value_info of folded names (they are initializers now)
+    folded = {t.name for t in new_inits}
+    vis = [vi for vi in g.value_info if vi.name not in folded]
+    del g.value_info[:]
+    g.value_info.extend(vis)
+    return model
+
+
+def prepare(model, unsupported: set[str]):
+    """All passes, in order; returns (model, ops expanded from function bodies)."""
+    normalize_constants(model)
+    model, expanded = expand_functions(model, unsupported)
+    normalize_constants(model)
+    model = fold_constants(model)
+    return model, expanded
+
+
+# ----------------------------------------------------------------------------- binding inputs to values
+# Operand slots that hold shapes, axes, sizes or counts: (op_type, input index). An input feeding
+# one of these is what TVM's importer wants as a constant.
+SHAPE_OPERANDS = {
+    ("Reshape", 1), ("Unsqueeze", 1), ("Squeeze", 1), ("Expand", 1), ("Tile", 1), ("ConstantOfShape", 0),
+    ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4), ("Pad", 1), ("Pad", 2), ("Pad", 3),
+    ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("TopK", 1), ("Split", 1), ("CumSum", 1),
+    ("OneHot", 1), ("Range", 0), ("Range", 1), ("Range", 2), ("ReduceSum", 1), ("ReduceMean", 1),
+    ("ReduceMax", 1), ("ReduceMin", 1), ("ReduceProd", 1), ("ReduceL1", 1), ("ReduceL2", 1),
+    ("ReduceLogSum", 1), ("ReduceLogSumExp", 1), ("ReduceSumSquare", 1), ("CenterCropPad", 1),
+    ("CenterCropPad", 2), ("Col2Im", 1), ("Col2Im", 2), ("GridSample", 99), ("AffineGrid", 1),
+    ("DFT", 1), ("DFT", 2), ("STFT", 1), ("STFT", 3), ("BlackmanWindow", 0), ("HannWindow", 0),
+    ("HammingWindow", 0), ("MelWeightMatrix", 0), ("MelWeightMatrix", 1), ("MelWeightMatrix", 2),
+    ("Trilu", 1), ("RoiAlign", 2), ("NonMaxSuppression", 2), ("NonMaxSuppression", 3),
+    ("NonMaxSuppression", 4), ("Compress", 1), ("Einsum", 99),
+}
+
+
+def shape_operand_inputs(model) -> list[str]:
+    """Graph inputs that feed a shape/axes/size operand (see SHAPE_OPERANDS), directly or through
+    Cast/Identity/Concat of such inputs."""
+    inputs = {vi.name for vi in model.graph.input} - {t.name for t in model.graph.initializer}
+    found = []
+    for node in _all_nodes(model.graph):
+        for i, name in enumerate(node.input):
+            if name in inputs and (node.op_type, i) in SHAPE_OPERANDS and name not in found:
+                found.append(name)
+    return found
+
+
+def bind_inputs(model, values: dict[str, np.ndarray]) -> None:
+    """Make graph inputs constants with the given values (compile-time specialization)."""
+    from onnx import numpy_helper
+
+    names = {vi.name for vi in model.graph.input}
+    for name, value in values.items():
+        if name not in names:
+            raise KeyError(name)
+        model.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+    if model.ir_version >= 4:
+        keep = [vi for vi in model.graph.input if vi.name not in values]
+        del model.graph.input[:]
+        model.graph.input.extend(keep)
