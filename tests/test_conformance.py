@@ -71,4 +71,5 @@ def test_onnx_backend_test_drives_deploytool():
     for case in bt.test_cases.values():
         suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(case))
     result = unittest.TextTestRunner(verbosity=0).run(suite)
-    assert result.testsRun == 5 and result.wasSuccessful(), result.failures + result.errors
+    ran = result.testsRun - len(result.skipped)  # BackendTest skips every case not included
+    assert ran == 5 and result.wasSuccessful(), result.failures + result.errors
