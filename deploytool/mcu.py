@@ -157,7 +157,7 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
     """Build ``bundle`` with a harness and run it once on ``inputs``: on this machine ("host") or
     under QEMU ("qemu", the machine of the bundle's target)."""
     art = Artifact.open(bundle)
-    bundle = art.path
+    bundle = art.path.resolve()  # the compilers run in a scratch folder
     target = art.target
     with tempfile.TemporaryDirectory(prefix="deploytool-mcu-") as tmp:
         work = Path(tmp)

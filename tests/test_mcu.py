@@ -128,6 +128,36 @@ def test_tflite_model_compiles_to_a_bundle(cli, mcu_models, tmp_path):
     assert meta["inputs"][0]["shape"] == [1, 16, 16, 3] and meta["model"]["file"] == "micro_nhwc.tflite"
 
 
+def test_qdq_int8_model_runs_and_relative_bundle_paths(cli, tmp_path):
+    """Stretch goal, as far as it goes: an ONNX QDQ (int8) conv imports and matches onnxruntime
+    on the MCU; TVM dequantizes the int8 weights at compile time, so they ship and compute as float.
+    Also: a bundle named by a relative path runs (the build happens in a scratch folder)."""
+    _need("arm-none-eabi-gcc", "qemu-system-arm")
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    q = [("xs", np.float32(0.02)), ("xz", np.int8(0)), ("ws", np.float32(0.01)), ("wz", np.int8(0)),
+         ("ys", np.float32(0.05)), ("yz", np.int8(0))]
+    inits = [numpy_helper.from_array(np.array(v), n) for n, v in q]
+    inits.append(numpy_helper.from_array(rng.integers(-127, 127, (8, 3, 3, 3)).astype(np.int8), "w"))
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "qdq.onnx")
+    assert cli("compile", "qdq.onnx", "--target", "cortex-m7", "-o", "qdq-m7", "-q", cwd=tmp_path).code == 0
+    r = cli("run", "qdq-m7", "--check", "qdq.onnx", cwd=tmp_path)
+    assert r.code == 0 and "check passed" in r.out, r
+
+
 def test_tflite_errors(cli, tmp_path):
     bad = tmp_path / "bad.tflite"
     bad.write_bytes(b"\0" * 64)
