@@ -79,11 +79,13 @@ def _function_body(node, opset: int, value_types: dict):
     if schema.has_function:
         return schema.function_body
     if schema.has_context_dependent_function:
-        types = []
-        for name in node.input:
-            if name not in value_types:
-                return None
-            types.append(value_types[name].SerializeToString())
+        from onnx import helper
+
+        known = [value_types[n] for n in node.input if n in value_types]
+        # an input whose type inference could not give: assume the element type of a known input
+        # (context-dependent bodies depend on element types), else float32
+        fallback = known[0] if known else helper.make_tensor_type_proto(1, None)
+        types = [(value_types.get(name) or fallback).SerializeToString() for name in node.input]
         try:
             data = schema.get_context_dependent_function(node.SerializeToString(), types)
         except Exception:
@@ -120,6 +122,13 @@ def expand_functions(model, ops: set[str]):
         f = onnx.FunctionProto()
         f.CopyFrom(body)
         f.domain, f.name = EXPAND_DOMAIN, f"{node.op_type}_{i}"
+        # onnx's inliner skips a function whose default-domain opset differs from the model's; the
+        # bodies use long-stable primitives, so they are declared at the model's opset
+        for o in f.opset_import:
+            if o.domain in ("", "ai.onnx"):
+                o.version = opset
+        if not any(o.domain in ("", "ai.onnx") for o in f.opset_import):
+            f.opset_import.append(helper.make_opsetid("", opset))
         node.domain, node.op_type = EXPAND_DOMAIN, f.name
         model.functions.append(f)
         expanded.add(body.name or node.op_type)
