@@ -13,6 +13,7 @@ Errors are deploytool exceptions (deploytool.errors); nothing here prints or exi
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,10 +148,10 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
                                   extra={"runtime": "c-bundle-aot", "entry": "model_run"})
     names = {f"input{i}": s.name for i, s in enumerate(imported.inputs)}
     names.update({f"output{i}": s.name for i, s in enumerate(imported.outputs)})
-    out, plan, _ = stage("generate C", cbundle.write_bundle, mod, tgt, output, "model", names, meta)
+    out, plan, _ = stage("generate C", cbundle.write_bundle, mod, tgt, output, "model", names)
     fp = stage("footprint", cbundle.footprint, out, tgt)
     meta.update(memory_plan={"arena_bytes": plan.arena_bytes, "lower_bound": plan.lower_bound}, footprint=fp)
-    (Path(out) / "deploytool.json").write_text(__import__("json").dumps(meta, indent=1, sort_keys=True))
+    (Path(out) / "deploytool.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return CompileResult(artifact=Artifact(Path(out), meta), tasks=task_list, stage_seconds=times, schedules=sched)
 
 

@@ -408,7 +408,7 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char* kind, const char** message_pa
 """
 
 
-def _makefile(target) -> str:
+def _makefile(target, prefix: str) -> str:
     flags = " ".join(target.toolchain.get("cflags", []))
     return f"""# Builds libmodel.a for {target.name} ({target.description}).
 # The kernels: kernels_thumb.o (LLVM, thumbv7em; the default on the MCU) or kernels.c (TVM's portable C).
@@ -421,7 +421,7 @@ AR      := arm-none-eabi-ar
 endif
 CFLAGS  ?= {flags}
 KERNELS ?= $(if $(wildcard kernels_thumb.o),kernels_thumb.o,kernels.o)
-OBJS    := model.o weights.o runtime.o $(KERNELS)
+OBJS    := {prefix}.o weights.o runtime.o $(KERNELS)
 
 libmodel.a: $(OBJS)
 \t$(AR) rcs $@ $^
@@ -434,7 +434,7 @@ host:
 \t$(MAKE) CC=gcc AR=ar CFLAGS=-O2 KERNELS=kernels.o libmodel.a
 
 clean:
-\trm -f model.o weights.o runtime.o kernels.o libmodel.a
+\trm -f {prefix}.o weights.o runtime.o kernels.o libmodel.a
 """
 
 
@@ -480,8 +480,8 @@ def kernels_c(mod, target) -> str:
     return rt.inspect_source()
 
 
-def write_bundle(mod, target, out_dir: str | Path, prefix: str = "model", io_names: dict[str, str] | None = None,
-                 metadata: dict[str, Any] | None = None) -> tuple[Path, MemoryPlan, Graph]:
+def write_bundle(mod, target, out_dir: str | Path, prefix: str = "model",
+                 io_names: dict[str, str] | None = None) -> tuple[Path, MemoryPlan, Graph]:
     """Write the C bundle of a partitioned (and scheduled) module into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -499,18 +499,34 @@ def write_bundle(mod, target, out_dir: str | Path, prefix: str = "model", io_nam
     (out / f"{prefix}.h").write_text(_model_h(g, prefix, plan, io_names or {}))
     (out / f"{prefix}.c").write_text(_model_c(g, prefix, plan))
     (out / "runtime.c").write_text(_RUNTIME_C)
-    (out / "Makefile").write_text(_makefile(target).replace("model.c", f"{prefix}.c"))
+    (out / "Makefile").write_text(_makefile(target, prefix))
     copy_headers(out / "include")
     tensors = {n: {"shape": list(t.shape), "dtype": t.dtype, "role": t.role, "bytes": t.nbytes}
                for n, t in g.tensors.items()}
     (out / "memory_plan.json").write_text(json.dumps({"steps": [asdict(s) for s in g.steps], "tensors": tensors,
                                                       **plan.to_dict()}, indent=1))
-    if metadata is not None:
-        (out / "deploytool.json").write_text(json.dumps(metadata, indent=1, sort_keys=True))
     return out, plan, g
 
 
 # ----------------------------------------------------------------------------- footprint
+def section_sizes(size_tool: str, path: str | Path) -> dict[str, int]:
+    """Bytes per section of an ELF file (``size -A``), subsections (``.text.foo``) summed into their
+    section; keys without the dot: text, rodata, data, bss, heap, ..."""
+    import subprocess
+
+    out: dict[str, int] = {}
+    for line in subprocess.run([size_tool, "-A", str(path)], capture_output=True, text=True).stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].startswith(".") and parts[1].isdigit():
+            name = parts[0].split(".")[1]
+            out[name] = out.get(name, 0) + int(parts[1])
+    return out
+
+
+def _code_and_data(sections: dict[str, int]) -> dict[str, int]:
+    return {k: sections.get(k, 0) for k in ("text", "rodata", "data", "bss")}
+
+
 def footprint(out_dir: str | Path, target, prefix: str = "model") -> dict[str, Any]:
     """Build the bundle's objects with the target's compiler and measure them: flash (code, weights)
     and RAM (arena, the workspace inside it, stack: the executor's frame plus the deepest kernel's)."""
@@ -535,29 +551,15 @@ def footprint(out_dir: str | Path, target, prefix: str = "model") -> dict[str, A
                                 "-o", str(obj)], capture_output=True, text=True)
             if r.returncode != 0:
                 raise BuildError(f"{cc} failed on {src}: {r.stderr.strip()[:300]}", "report it with the bundle attached")
-            secs = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
-            for line in subprocess.run([size_tool, "-A", str(obj)], capture_output=True, text=True).stdout.splitlines():
-                parts = line.split()
-                if len(parts) >= 2 and parts[0].startswith(".") and parts[1].isdigit():
-                    for k in secs:
-                        if parts[0] == f".{k}" or parts[0].startswith(f".{k}."):
-                            secs[k] += int(parts[1])
-            sizes[src] = secs
+            sizes[src] = _code_and_data(section_sizes(size_tool, obj))
             su = obj.with_suffix(".su")
             if su.exists():
                 for line in su.read_text().splitlines():
                     fn, nbytes = line.split("\t")[0].rsplit(":", 1)[-1], int(line.split("\t")[1])
                     stack[fn] = nbytes
-    if (out / "kernels_thumb.o").exists():  # what ships to the MCU: the LLVM-built kernels
-        secs = {"text": 0, "rodata": 0, "data": 0, "bss": 0}
-        for line in subprocess.run([size_tool, "-A", str(out / "kernels_thumb.o")], capture_output=True,
-                                   text=True).stdout.splitlines():
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                for k in secs:
-                    if parts[0] == f".{k}" or parts[0].startswith(f".{k}."):
-                        secs[k] += int(parts[1])
-        sizes["kernels.c"] = secs
+    if (out / "kernels_thumb.o").exists():  # what ships to the MCU: the LLVM-built kernels (the C
+        # ones were compiled above for their -fstack-usage only)
+        sizes["kernels.c"] = _code_and_data(section_sizes(size_tool, out / "kernels_thumb.o"))
     plan = json.loads((out / "memory_plan.json").read_text())
     kernels = [v for k, v in stack.items() if k.startswith("__tvm_ffi_")]
     code = sum(s["text"] + s["rodata"] for n, s in sizes.items() if n != "weights.c")

@@ -75,9 +75,9 @@ _STATE: dict = {}
 
 
 def _init_worker(parent: int) -> None:
-    from deploytool.measure import _die_with_parent
+    from deploytool.measure import die_with_parent
 
-    _die_with_parent(parent)
+    die_with_parent(parent)
     os.environ.setdefault("TVM_NUM_THREADS", "1")
     import logging
 
@@ -106,14 +106,13 @@ def _compare(got, want, rtol, atol) -> str | None:
 
 def run_case(name: str) -> CaseResult:
     """Import, compile and run one case with deploytool's pipeline (in a worker)."""
-    import tempfile
-
     import numpy as np
     import onnx
+    from onnx import numpy_helper
 
-    from deploytool import pipeline, targets
+    from deploytool import targets
     from deploytool.errors import describe
-    from deploytool.frontend import import_onnx
+    from deploytool.onnx_backend import build, import_proto, run_vm, specialize, vm_of
 
     case = _STATE["cases"][name]
     ops = _ops(case.model)
@@ -122,51 +121,23 @@ def run_case(name: str) -> CaseResult:
     def done(status, msg=""):
         return CaseResult(name, status, ops, msg[:300], round(time.perf_counter() - t0, 3))
 
-    tgt = _STATE.setdefault("target", targets.load("x86"))
-    from onnx import numpy_helper
-
-    from deploytool.frontend import graph_inputs
-
     inputs, outputs = case.data_sets[0]
     # some cases hold TensorProtos (bfloat16, float8...), not arrays
     inputs = [numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in inputs]
     outputs = [numpy_helper.to_array(x) if isinstance(x, onnx.TensorProto) else np.asarray(x) for x in outputs]
-    # the shapes a user gives with --input-shape: the test data's, for inputs with dynamic dims
-    # and the inputs that give shapes, axes or sizes are bound to their values (--bind-input), as
-    # TVM's importer wants them constant
-    from deploytool.onnx_passes import shape_operand_inputs
-
-    feed = {vi.name: x for vi, x in zip(graph_inputs(case.model), inputs)}
-    bind = {n: feed[n] for n in shape_operand_inputs(case.model) if n in feed}
-    shapes = {}
-    for vi, x in zip(graph_inputs(case.model), inputs):
-        dims = vi.type.tensor_type.shape.dim
-        if vi.name not in bind and len(dims) == x.ndim and any(not d.HasField("dim_value") or d.dim_value <= 0
-                                                                for d in dims):
-            shapes[vi.name] = tuple(x.shape)
-    inputs = [x for vi, x in zip(graph_inputs(case.model), inputs) if vi.name not in bind]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "model.onnx")
-        onnx.save(case.model, path)
-        try:
-            imp = import_onnx(path, shapes, bind)
-        except Exception as e:
-            return done("import_error", describe(e))
+    # what a user passes: --input-shape for dynamic dims, --bind-input for inputs that carry shapes,
+    # axes or sizes (TVM's importer wants them constant)
+    shapes, bind, inputs = specialize(case.model, inputs, bind_shape_operands=True)
     try:
-        mod = pipeline.optimize(imp.mod, tgt)
-        mod = pipeline.partition(mod, tgt)
-        mod = pipeline.schedule(mod, tgt, {})
-        ex = pipeline.build(mod, tgt)
+        imp = import_proto(case.model, shapes, bind)
+    except Exception as e:
+        return done("import_error", describe(e))
+    try:
+        ex = build(imp, _STATE.setdefault("target", targets.load("x86")))
     except Exception as e:
         return done("compile_error", describe(e))
     try:
-        import tvm
-        from tvm import relax
-
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        args = [tvm.runtime.tensor(np.asarray(x, order="C")) for x in inputs]
-        r = vm["main"](*args)
-        got = [r.numpy()] if hasattr(r, "numpy") else [x.numpy() for x in r]
+        got = run_vm(vm_of(ex), inputs)
     except Exception as e:
         return done("run_error", describe(e))
     bad = _compare(got, outputs, case.rtol, case.atol)

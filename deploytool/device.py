@@ -270,19 +270,13 @@ def _init_server(info_json: str) -> None:
       serving for good) when a session exits non-zero, e.g. a candidate kernel that crashed. Here
       that ends only the session; the board serves the next one."""
     import logging
-    import signal
-    import sys
 
     import tvm_ffi
     from tvm.rpc import server as _server
 
-    if sys.platform.startswith("linux"):  # TVM runs the server in a worker process: it must die with `serve`
-        import ctypes
+    from deploytool.measure import die_with_parent
 
-        try:
-            ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
+    die_with_parent(os.getppid())  # TVM runs the server in a worker process: it must die with `serve`
     tvm_ffi.register_global_func(INFO_FUNC, lambda: info_json, override=True)
     serving = _server._serving
 

@@ -29,7 +29,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -52,15 +51,13 @@ class BoardRecipe:
     deb_arch: str                  # Debian architecture
     python: str                    # the Debian Python the board runs
     python_version: str            # for pip's wheel selection
-    wheel_platforms: tuple[str, ...]
     packages: tuple[str, ...] = ("python3.11-minimal", "libpython3.11-stdlib", "libstdc++6", "libgomp1")
     wheels: tuple[str, ...] = ("numpy>=1.26,<2.5", "ml_dtypes>=0.5,<0.7", "typing_extensions", "cloudpickle>=3,<4",
                                "psutil>=5.9,<8")
 
 
 BOARDS = {
-    "arm": BoardRecipe("arm", "aarch64", "qemu-aarch64", "arm64", "python3.11", "3.11",
-                       ("manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64")),
+    "arm": BoardRecipe("arm", "aarch64", "qemu-aarch64", "arm64", "python3.11", "3.11"),
 }
 # Parts of the TVM wheel a board never uses (the compiler, CUDA, third-party headers).
 _SKIP = ("tvm/lib/libtvm_compiler.so", "tvm/lib/libtvm_runtime_cuda.so", "tvm/3rdparty/", "tvm_ffi/include/",
@@ -78,10 +75,9 @@ def recipe(name: str) -> BoardRecipe:
 
 
 def _versions() -> dict[str, str]:
-    from importlib.metadata import version
+    from deploytool import wheels
 
-    return {"recipe": str(RECIPE_VERSION), "apache-tvm": version("apache-tvm"),
-            "apache-tvm-ffi": version("apache-tvm-ffi")}
+    return {"recipe": str(RECIPE_VERSION), **wheels.tvm_versions()}
 
 
 # ----------------------------------------------------------------------------- building the sysroot
@@ -148,17 +144,10 @@ def _download(url: str, dest: Path, size: int) -> None:
 
 
 def _wheels(r: BoardRecipe, dest: Path) -> list[Path]:
-    v = _versions()
-    reqs = [f"apache-tvm=={v['apache-tvm']}", f"apache-tvm-ffi=={v['apache-tvm-ffi']}", *r.wheels]
-    cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
-           "--no-deps", "--python-version", r.python_version, "-d", str(dest)]
-    for p in r.wheel_platforms:
-        cmd += ["--platform", p]
-    out = subprocess.run(cmd + reqs, capture_output=True, text=True)
-    if out.returncode != 0:
-        raise DeviceError(f"pip could not download the {r.arch} wheels: {out.stderr.strip().splitlines()[-1][:200]}",
-                          "check the network (PyPI)")
-    return sorted(dest.glob("*.whl"))
+    from deploytool import wheels
+
+    return wheels.download(r.arch, wheels.tvm_requirements() + list(r.wheels), dest, error=DeviceError,
+                           python_version=r.python_version)
 
 
 def _unzip(wheel: Path, site: Path) -> None:

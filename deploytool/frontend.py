@@ -509,11 +509,11 @@ def import_tflite(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | N
     overrides = dict(input_shapes or {})
     inputs = [TensorSpec(s.name, tuple(overrides.get(s.name, s.shape)), s.dtype, s.tvm_name) for s in inputs]
     codes = Counter()
+    op_names = {v: n for n, v in vars(tflite.BuiltinOperator).items() if not n.startswith("_")}
     for k in range(sg.OperatorsLength()):
         oc = model.OperatorCodes(sg.Operators(k).OpcodeIndex())
         code = max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode())
-        names = {v: n for n, v in vars(tflite.BuiltinOperator).items() if not n.startswith("_")}
-        codes[names.get(code, str(code))] += 1
+        codes[op_names.get(code, str(code))] += 1
     from tvm.relax.frontend.tflite import from_tflite
 
     try:

@@ -204,12 +204,10 @@ def run_bundle(bundle: str | Path, inputs: dict[str, np.ndarray], *, on: str = "
             if r.returncode != 0:
                 raise BuildError(f"building the bundle for {core} failed: {r.stderr.strip()[-400:]}",
                                  "report it with the bundle attached")
-            image = {}
-            for line in subprocess.run(["arm-none-eabi-size", "-A", str(work / "app.elf")], capture_output=True,
-                                       text=True).stdout.splitlines():
-                parts = line.split()
-                if len(parts) >= 2 and parts[0] in (".text", ".data", ".bss", ".heap", ".stack_dummy") and parts[1].isdigit():
-                    image[parts[0].lstrip(".")] = int(parts[1])
+            from deploytool.cbundle import section_sizes
+
+            sections = section_sizes("arm-none-eabi-size", work / "app.elf")
+            image = {k: sections[k] for k in ("text", "data", "bss", "heap", "stack_dummy") if k in sections}
             r = _run([qemu, "-M", machine, "-cpu", _CORE[core][1], "-nographic", "-monitor", "none", "-serial", "none",
                       "-semihosting-config", "enable=on,target=native", "-icount", "shift=0",
                       "-kernel", str(work / "app.elf")], work, f"QEMU ({machine})")

@@ -45,15 +45,17 @@ class MeasureSettings:
 
 # --------------------------------------------------------------------------- workers
 def _init_worker(threads: int, parent: int) -> None:
-    _die_with_parent(parent)
+    die_with_parent(parent)
     # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
     # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
     os.environ["TVM_NUM_THREADS"] = str(threads or 1)
     import tvm  # noqa: F401  (imported once per worker)
 
 
-def _die_with_parent(parent: int) -> None:
-    """A worker must not outlive a tuning run killed with kill -9 (it would hold a core)."""
+def die_with_parent(parent: int) -> None:
+    """A worker process must not outlive the process that started it, even one killed with kill -9
+    (it would hold a core, or a board): Linux's PR_SET_PDEATHSIG, and an exit if the parent is
+    already gone. Used by the tuning workers, the conformance workers and the board's RPC server."""
     import signal
     import sys
 

@@ -20,22 +20,18 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 
+from deploytool import wheels
 from deploytool.artifact import Artifact
 from deploytool.errors import ArtifactError, DeploytoolError, ToolchainError
 from deploytool.targets import host_arch
 
 NATIVE = Path(__file__).parent / "native"
-_WHEEL_PLATFORMS = {"aarch64": ("manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"),
-                    "x86_64": ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")}
-_CC = {"x86_64": "g++", "aarch64": "aarch64-linux-gnu-g++"}
 
 
 class PackageError(DeploytoolError):
@@ -53,10 +49,6 @@ class PackageResult:
         return {"path": str(self.path), "arch": self.arch, "bytes": self.bytes, "files": self.files}
 
 
-def _versions() -> dict[str, str]:
-    return {"tvm": version("apache-tvm"), "tvm_ffi": version("apache-tvm-ffi")}
-
-
 def runtime_libs(arch: str, progress=lambda m: None) -> dict[str, Path]:
     """libtvm_runtime.so and libtvm_ffi.so for ``arch`` (installed wheels, or the arch's wheels)."""
     if arch == host_arch():
@@ -67,29 +59,21 @@ def runtime_libs(arch: str, progress=lambda m: None) -> dict[str, Path]:
                 "libtvm_ffi.so": Path(tvm_ffi.__file__).parent / "lib" / "libtvm_ffi.so"}
         if all(p.is_file() for p in libs.values()):
             return libs
-    if arch not in _WHEEL_PLATFORMS:
+    if arch not in wheels.PLATFORMS:
         raise PackageError(f"TVM publishes no runtime wheels for {arch}",
                            "build libtvm_runtime and libtvm_ffi for the board from source, or target aarch64/x86_64")
     from deploytool.emulator import cache_root
 
-    v = _versions()
-    dest = cache_root() / "runtime" / f"{arch}-tvm{v['tvm']}-ffi{v['tvm_ffi']}"
+    v = wheels.tvm_versions()
+    dest = cache_root() / "runtime" / f"{arch}-tvm{v['apache-tvm']}-ffi{v['apache-tvm-ffi']}"
     libs = {"libtvm_runtime.so": dest / "libtvm_runtime.so", "libtvm_ffi.so": dest / "libtvm_ffi.so"}
     if all(p.is_file() for p in libs.values()):
         return libs
-    progress(f"downloading the {arch} TVM runtime (apache-tvm {v['tvm']}, apache-tvm-ffi {v['tvm_ffi']}; once)")
+    progress(f"downloading the {arch} TVM runtime ({', '.join(wheels.tvm_requirements())}; once)")
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "--only-binary=:all:",
-               "--no-deps", "--python-version", "3.11", "-d", tmp]
-        for p in _WHEEL_PLATFORMS[arch]:
-            cmd += ["--platform", p]
-        out = subprocess.run(cmd + [f"apache-tvm=={v['tvm']}", f"apache-tvm-ffi=={v['tvm_ffi']}"],
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise PackageError(f"pip could not download the {arch} TVM wheels: "
-                               f"{(out.stderr.strip().splitlines() or ['?'])[-1][:200]}", "check the network (PyPI)")
+        found = wheels.download(arch, wheels.tvm_requirements(), Path(tmp), error=PackageError)
         dest.mkdir(parents=True, exist_ok=True)
-        for whl in Path(tmp).glob("*.whl"):
+        for whl in found:
             with zipfile.ZipFile(whl) as z:
                 for name in z.namelist():
                     base = name.rsplit("/", 1)[-1]
@@ -110,19 +94,21 @@ def _headers(dst: Path) -> None:
         shutil.copytree(inc / sub, dst / sub, dirs_exist_ok=True)
     for f in ("deploytool_model.h", "npy.h"):
         shutil.copy(NATIVE / f, dst / f)
-    v = _versions()
+    v = wheels.tvm_versions()
     (dst / "deploytool_runtime_version.h").write_text(
         "// The runtime this bundle carries; deploytool_model.h refuses .so files built for another.\n"
-        f'#define DEPLOYTOOL_TVM_VERSION "{v["tvm"]}"\n#define DEPLOYTOOL_TVM_FFI_VERSION "{v["tvm_ffi"]}"\n')
+        f'#define DEPLOYTOOL_TVM_VERSION "{v["apache-tvm"]}"\n'
+        f'#define DEPLOYTOOL_TVM_FFI_VERSION "{v["apache-tvm-ffi"]}"\n')
 
 
-def build_runner(arch: str, include: Path, lib: Path, out: Path, source: Path = NATIVE / "run.cc") -> Path:
-    """Compile a C++ program against the bundle's headers and runtime, for ``arch``."""
-    cc = _CC.get(arch)
-    if cc is None or not shutil.which(cc):
-        raise ToolchainError(f"no C++ compiler for {arch} ('{cc}')",
-                             f"install Debian's {'g++' if arch == host_arch() else 'g++-aarch64-linux-gnu'} "
-                             "(`make toolchains`)")
+def build_runner(art: Artifact, include: Path, lib: Path, out: Path, source: Path = NATIVE / "run.cc") -> Path:
+    """Compile a C++ program against the bundle's headers and runtime, with the C++ compiler the
+    artifact was linked with (its target's toolchain)."""
+    toolchain = art.target.get("toolchain", {})
+    cc = toolchain.get("cc", "g++")
+    if not shutil.which(cc):
+        apt = " ".join(toolchain.get("apt", [])) or "g++"
+        raise ToolchainError(f"no C++ compiler for {art.arch} ('{cc}')", f"install Debian's {apt} (`make toolchains`)")
     cmd = [cc, "-std=c++17", "-O2", "-s", f"-I{include}", str(source), "-o", str(out), f"-L{lib}", "-ltvm_runtime",
            "-ltvm_ffi", "-ldl", "-Wl,-rpath,$ORIGIN/lib", "-Wl,--allow-shlib-undefined"]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -154,12 +140,13 @@ def package(artifact: str | Path, output: str | Path | None = None, progress=lam
         _headers(root / "include")
         shutil.copy(art.path, root / art.path.name)
         progress(f"building the native runner for {arch}")
-        build_runner(arch, root / "include", root / "lib", root / "run")
+        build_runner(art, root / "include", root / "lib", root / "run")
         shutil.copy(NATIVE / "example.cc", root / "example" / "main.cc")
         shutil.copy(NATIVE / "CMakeLists.example.txt", root / "example" / "CMakeLists.txt")
         (root / "README.md").write_text(_readme(art, name))
         files = {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
-        info = {"arch": arch, "model": art.path.name, "tvm": _versions()["tvm"], "tvm_ffi": _versions()["tvm_ffi"],
+        v = wheels.tvm_versions()
+        info = {"arch": arch, "model": art.path.name, "tvm": v["apache-tvm"], "tvm_ffi": v["apache-tvm-ffi"],
                 "deploytool": meta.get("deploytool_version"), "bytes": sum(files.values()),
                 "runtime_bytes": sum(v for k, v in files.items() if k.startswith("lib/")) + files["run"]}
         (root / "bundle.json").write_text(json.dumps(info, indent=1) + "\n")

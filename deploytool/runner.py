@@ -77,6 +77,11 @@ def set_threads(n: int | None) -> None:
         tvm_ffi.get_global_func("runtime.config_threadpool")(1, n)
 
 
+def _require_so(a: Artifact) -> None:
+    if a.metadata.get("target", {}).get("artifact", "so") != "so":
+        raise ArtifactError(f"'{a.path}' is a {a.metadata['target']['artifact']}, not a .so", "run it with its bundle runner")
+
+
 class _VMRunner:
     """Runs an artifact's relax VM on a device (this machine's CPU, or a board's over RPC)."""
 
@@ -127,8 +132,7 @@ class LocalRunner(_VMRunner):
     def check_loadable(a: Artifact) -> None:
         """Refuse, with a message, an artifact this machine cannot load (never a SIGILL)."""
         meta = a.metadata
-        if meta.get("target", {}).get("artifact", "so") != "so":
-            raise ArtifactError(f"'{a.path}' is a {meta['target']['artifact']}, not a .so", "run it with its bundle runner")
+        _require_so(a)
         if a.arch != host_arch():
             raise TargetError(f"'{a.path}' is built for {a.arch} and this machine is {host_arch()}",
                               "run it on a matching board (--device HOST:PORT), or rebuild with --target x86")
@@ -160,9 +164,7 @@ class RPCRunner(_VMRunner):
 
         self.artifact = artifact
         meta = artifact.metadata
-        if meta.get("target", {}).get("artifact", "so") != "so":
-            raise ArtifactError(f"'{artifact.path}' is a {meta['target']['artifact']}, not a .so",
-                                "run it with its bundle runner")
+        _require_so(artifact)
         self.board = _device.open_board(spec)
         info = self.board.info
         if info.get("arch") and info["arch"] != artifact.arch:

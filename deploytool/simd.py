@@ -19,8 +19,7 @@ from pathlib import Path
 from deploytool.errors import ToolchainError
 
 _FUNC = re.compile(r"^[0-9a-f]+ <([^>]+)>:$")
-_OBJDUMP = {"aarch64": ("aarch64-linux-gnu-objdump", "binutils-aarch64-linux-gnu"), "x86_64": ("objdump", "binutils"),
-            "armv7l": ("arm-linux-gnueabihf-objdump", "binutils-arm-linux-gnueabihf")}
+ARCHES = ("x86_64", "aarch64", "armv7l")  # the instruction sets analyze() reads
 _ARM_VFMA = re.compile(r"^\s*[0-9a-f]+:\s+f(?:mla|mls)\s+v\d+\.(\d+)([sdh])")
 _ARM_SFMA = re.compile(r"^\s*[0-9a-f]+:\s+f(?:n?madd|n?msub)\s+[sdh]\d+")
 _ARM_VEC = re.compile(r"\bv\d+\.\d*[bhsd]\b|\bq\d+\b")
@@ -60,12 +59,10 @@ def kernel_of(symbol: str) -> str | None:
     return m.group(1) if m else None
 
 
-def disassemble(path: str | Path, arch: str) -> str:
-    tool, package = _OBJDUMP.get(arch, (None, None))
-    exe = shutil.which(tool) if tool else None
+def disassemble(path: str | Path, tool: str, apt: str = "binutils") -> str:
+    exe = shutil.which(tool)
     if not exe:
-        raise ToolchainError(f"no objdump for {arch} ('{tool}')", f"install Debian's {package}" if package else
-                             "only x86_64 and aarch64 artifacts can be disassembled")
+        raise ToolchainError(f"'{tool}' is not installed", f"install Debian's {apt} (`make toolchains`)")
     out = subprocess.run([exe, "-d", "--no-show-raw-insn", str(path)], capture_output=True, text=True)
     if out.returncode != 0:
         raise ToolchainError(f"{tool} failed on {path}: {out.stderr.strip()[:200]}", "check that it is an ELF .so")
@@ -122,7 +119,12 @@ def report(artifact: str | Path) -> tuple[str, list[KernelSimd]]:
     from deploytool.artifact import Artifact
 
     art = Artifact.open(artifact)
-    return art.arch, analyze(disassemble(art.path, art.arch), art.arch)
+    toolchain = art.target.get("toolchain", {})
+    if art.arch not in ARCHES or not toolchain.get("objdump"):
+        raise ToolchainError(f"'{art.path}' is built for {art.arch}: the SIMD report reads {', '.join(ARCHES)} .so files",
+                             "pass a .so built for an x86 or ARM Linux target")
+    apt = " ".join(toolchain.get("apt", [])) or "binutils"
+    return art.arch, analyze(disassemble(art.path, toolchain["objdump"], apt), art.arch)
 
 
 def is_dense(name: str) -> bool:
