@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade "pip>=24"
-	$(VENV)/bin/pip install -q -e ".[test]"
+	$(VENV)/bin/pip install -q -e ".[test,cuda]"
 	touch $@
 
 setup: $(VENV)/.installed

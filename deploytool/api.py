@@ -157,14 +157,16 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
-            progress: Progress = _noop) -> CompileResult:
+            dtype: str = "float32", progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
-    ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs)."""
+    ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs).
+    ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize)."""
     from deploytool import pipeline
     from deploytool.tuninglog import TuningLog
 
+    _require(dtype in pipeline.DTYPES, "--dtype", dtype, " or ".join(pipeline.DTYPES))
     tgt = _targets.load(target)
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
@@ -191,7 +193,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
 
     bound = _bindings(bind_inputs)
     imported = stage("import", import_model, model, _shapes(input_shapes), bound)
-    mod = stage("optimize", pipeline.optimize, imported.mod, tgt)
+    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
@@ -211,7 +213,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     meta = pipeline.make_metadata(target=tgt, inputs=imported.inputs, outputs=imported.outputs, onnx_path=model,
                                   onnx_sha256=imported.info.sha256,
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
-                                  extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"),
+                                  extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
     return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
@@ -259,16 +261,22 @@ def _check_model_warning(artifact: Artifact, model: str | Path) -> list[str]:
     return []
 
 
+FLOAT16_RTOL = 3e-2  # the default --check tolerance of float16 (mixed precision) artifacts
+
+
 def run(artifact: str | Path, *, inputs=None, output: str | Path | None = None, check: str | Path | None = None,
-        rtol: float = 1e-4, seed: int = 0, threads: int | None = None, device=None, on: str | None = None) -> RunResult:
+        rtol: float | None = None, seed: int = 0, threads: int | None = None, device=None, on: str | None = None) -> RunResult:
     """Run an artifact once; with ``check``, compare with onnxruntime and raise CheckError past ``rtol``.
     ``device``: a board (``deploytool.device.parse(rpc=...)`` or "HOST:PORT"); default: this machine.
     A Cortex-M C bundle runs under QEMU (``on="qemu"``, the default) or built for this machine (``on="host"``)."""
     from deploytool.inputs import save_outputs
 
     _check_threads(threads)
-    _require(rtol > 0 and rtol == rtol and rtol != float("inf"), "--rtol", rtol, "a finite tolerance > 0, e.g. 1e-4")
+    _require(rtol is None or (rtol > 0 and rtol == rtol and rtol != float("inf")), "--rtol", rtol,
+             "a finite tolerance > 0, e.g. 1e-4")
     art = Artifact.open(artifact)
+    if rtol is None:  # float16 inside: 11-bit mantissas, errors of ~1e-3 relative per op add up
+        rtol = FLOAT16_RTOL if art.metadata.get("dtype") == "float16" else 1e-4
     feed = _inputs_for(art, inputs, seed)
     ran_on: dict[str, Any] = {}
     if art.target.get("artifact") == "c-bundle":
@@ -374,7 +382,7 @@ def default_log_name(model: str | Path, target: str) -> str:
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
-         device=None, on_progress=None, progress: Progress = _noop):
+         device=None, dtype: str = "float32", on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
@@ -390,26 +398,34 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(batch is None or batch >= 1, "--batch", batch, "a batch size >= 1")
     _require(early_stop is None or early_stop >= 0, "--early-stop", early_stop, "0 (off) or a number of trials")
     _require(workers is None or workers >= 1, "--workers", workers, "a number of build workers >= 1")
+    _require(dtype in pipeline.DTYPES, "--dtype", dtype, " or ".join(pipeline.DTYPES))
     tgt = _targets.load(target)
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
     spec = _device_spec(device)
-    if spec is None and tgt.arch != _targets.host_arch():
+    if tgt.family == "cuda":
+        from deploytool import cuda
+
+        if spec is not None:
+            raise _targets.TargetError("tuning for CUDA measures on this machine's GPU; --rpc/--tracker are for CPU "
+                                       "boards", "run `deploytool tune` on the machine with the GPU")
+        cuda.require_gpu(tgt.tvm.get("arch"), f"tuning for {tgt.name}")
+    elif spec is None and tgt.arch != _targets.host_arch():
         raise _targets.TargetError(f"target '{tgt.name}' builds for {tgt.arch}; its kernels must be timed on such a "
                                    f"board, and this machine is {_targets.host_arch()}",
                                    "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt)
+    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}")
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
-                 model={"file": Path(model).name, "sha256": imported.info.sha256})
+                 model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype})
 
 
 # ----------------------------------------------------------------------------- logs
@@ -437,7 +453,7 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
 
 
 def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
-               allow_emulated: bool = False):
+               allow_emulated: bool = False, dtype: str = "float32"):
     """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
     or holds timings from an emulated board, unless ``allow_emulated``)."""
     from deploytool import logs, pipeline
@@ -451,7 +467,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
                              f"timings do not rank schedules for a real {tgt.arch} board",
                              "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
-    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt), tgt))
+    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt))
     return logs.coverage(tlog, task_list)
 
 

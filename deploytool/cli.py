@@ -88,7 +88,7 @@ def cmd_compile(args) -> int:
 
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
-                    bind_inputs=args.bind_input,
+                    bind_inputs=args.bind_input, dtype=args.dtype,
                     tuning_log=args.tuning_log, require_tuned=args.require_tuned, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     if r.artifact.path.is_dir():
@@ -244,7 +244,7 @@ def cmd_tune(args) -> int:
     r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
                  trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
-                 device=_device_arg(args), on_progress=_TuneView(args.quiet), progress=prog)
+                 device=_device_arg(args), dtype=args.dtype, on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
     else:
@@ -278,7 +278,7 @@ def cmd_logs(args) -> int:
         st, dropped = api.logs_prune(args.log, keep=args.keep, output=args.output)
         print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
     else:
-        cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape,
+        cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape, dtype=args.dtype,
                              allow_emulated=args.allow_emulated)
         if args.json:
             print(json.dumps({"covered": cov.covered, "missing": cov.missing}, indent=1))
@@ -432,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--input-shape", action="append", metavar="NAME:D1,D2,...",
                         help="fix an input's shape (repeat per input), e.g. data:1,3,224,224")
 
+    def dtype_arg(sp):
+        sp.add_argument("--dtype", default="float32", metavar="float32|float16",
+                        help="float16: mixed precision inside (convs/matmuls and activations in float16, tensor "
+                        "cores on GPUs), float32 inputs and outputs (default: float32)")
+
     def device_args(sp, what):
         sp.add_argument("--device", metavar="HOST:PORT|KEY@HOST:PORT",
                         help=f"{what}: a board serving RPC, or KEY@TRACKER for any free board of a tracker's farm")
@@ -457,6 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
     s.add_argument("--require-tuned", action="store_true",
                    help="fail (exit 2, listing them) if any kernel has no record in the tuning log: the CI mode")
+    dtype_arg(s)
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(fn=cmd_compile)
 
@@ -477,6 +483,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time candidates with warm caches (default: caches flushed before each repeat)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
+    dtype_arg(s)
     device_args(s, "measure on a board (needed for cross targets such as arm)")
     shape_arg(s)
     s.add_argument("--json", action="store_true", help="machine-readable summary")
@@ -504,6 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--allow-emulated", action="store_true",
                    help="accept timings from an emulated board (refused by default: they don't rank schedules)")
     shape_arg(a)
+    dtype_arg(a)
     a.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_logs)
 
@@ -526,8 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--on", choices=["qemu", "host"], help="Cortex-M C bundles: run under qemu-system-arm (default) or "
                    "built for this machine with gcc")
     s.add_argument("--check", metavar="MODEL.onnx", help="compare with onnxruntime on the same inputs")
-    s.add_argument("--rtol", type=float, default=1e-4,
-                   help="tolerance: max abs error relative to the output's max magnitude (default: 1e-4)")
+    s.add_argument("--rtol", type=float, default=None,
+                   help="tolerance: max abs error relative to the output's max magnitude (default: 1e-4; 3e-2 for "
+                   "--dtype float16 builds)")
     s.set_defaults(fn=cmd_run)
 
     s = sub.add_parser("bench", help="measure latency, optionally side by side with onnxruntime")

@@ -44,12 +44,17 @@ class MeasureSettings:
 
 
 # --------------------------------------------------------------------------- workers
-def _init_worker(threads: int, parent: int) -> None:
+def _init_worker(threads: int, parent: int, cuda: bool = False) -> None:
     die_with_parent(parent)
     # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
     # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
     os.environ["TVM_NUM_THREADS"] = str(threads or 1)
     import tvm  # noqa: F401  (imported once per worker)
+
+    if cuda:  # NVRTC, TVM's CUDA compile callback and runtime: loaded once per worker, not per candidate
+        from deploytool import cuda as _cuda
+
+        _cuda.ensure_compiler()
 
 
 def die_with_parent(parent: int) -> None:
@@ -76,22 +81,25 @@ def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str
 
     mod = tvm.ir.load_json(mod_json)
     target = tvm.target.Target(target_json, host=host_json) if host_json else tvm.target.Target(target_json)
-    rt_mod = tvm.tirx.build(mod, target=target)
+    with target:  # TVM's CUDA compile callback reads the arch from the current target
+        rt_mod = tvm.tirx.build(mod, target=target)
     fcompile = tvm_cc.cross_compiler(cc) if cross else None
     rt_mod.export_library(out_path, fcompile=fcompile)
     return out_path
 
 
-def _time_one(path: str, args: list, settings: dict) -> list[float]:
+def _time_one(path: str, args: list, settings: dict, device: str = "cpu") -> list[float]:
     import tvm
 
-    dev = tvm.cpu()
+    dev = tvm.device(device, 0)
     lib = tvm.runtime.load_module(path)
     tensors = [tvm.runtime.tensor(a, dev) for a in _random_args(args)]
+    # The CPU cache flush only means something when the kernel runs on the CPU.
+    flush = settings["cache_flush"] and device == "cpu"
     f = lib.time_evaluator(lib.entry_name if hasattr(lib, "entry_name") and lib.entry_name else "main", dev,
                            number=settings["number"], repeat=settings["repeat"],
                            min_repeat_ms=int(settings["min_repeat_ms"]),
-                           f_preproc="cache_flush_cpu_non_first_arg" if settings["cache_flush"] else "")
+                           f_preproc="cache_flush_cpu_non_first_arg" if flush else "")
     return [float(x) for x in f(*tensors).results]
 
 
@@ -120,19 +128,28 @@ class LocalMeasurer:
         self._timer = None
         self._n = 0
         self.seconds = {"build": 0.0, "measure": 0.0}
+        self.cuda = target.family == "cuda"
+        self.gpu = None
+        if self.cuda:
+            from deploytool import cuda
+
+            self.gpu = cuda.local_gpu()  # None: this measurer can still build (api.tune checks for a GPU)
 
     emulated = None
 
     def device(self) -> dict:
         from deploytool import targets
 
-        return {"kind": "local", "arch": targets.host_arch(), "cpu": targets.cpu_name(), "threads": self.threads}
+        d = {"kind": "local", "arch": targets.host_arch(), "cpu": targets.cpu_name(), "threads": self.threads}
+        if self.gpu is not None:
+            d.update(gpu=self.gpu.name, gpu_arch=self.gpu.arch)
+        return d
 
     def _pool(self, which: str):
         if which == "build":
             if self._builders is None:
                 self._builders = cf.ProcessPoolExecutor(self.workers, mp_context=self._ctx, initializer=_init_worker,
-                                                        initargs=(1, os.getpid()))
+                                                        initargs=(1, os.getpid(), self.cuda))
             return self._builders
         if self._timer is None:
             self._timer = cf.ProcessPoolExecutor(1, mp_context=self._ctx, initializer=_init_worker,
@@ -192,7 +209,8 @@ class LocalMeasurer:
         s = self.settings.to_dict()
         for path, a in zip(paths, args):
             try:
-                lat = self._pool("run").submit(_time_one, path, a, s).result(timeout=self.settings.run_timeout_s)
+                lat = self._pool("run").submit(_time_one, path, a, s, "cuda" if self.cuda else "cpu").result(
+                    timeout=self.settings.run_timeout_s)
                 out.append(Outcome(latency_s=lat))
             except cf.TimeoutError:
                 self._reset("run")

@@ -38,9 +38,17 @@ class Task:
         return {"name": self.name, "workload_hash": self.workload_hash, "flops": self.flops, "calls": self.calls}
 
 
-def optimize(mod, target: Target):
+DTYPES = ("float32", "float16")
+
+
+def optimize(mod, target: Target, dtype: str = "float32"):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
-    data layouts the target family's schedules want (weights are re-laid out once, here)."""
+    data layouts the target family's schedules want (weights are re-laid out once, here).
+
+    ``dtype="float16"``: mixed precision (TVM's ToMixedPrecision) after BatchNorm folding:
+    convolutions and matmuls take float16 operands, activations between them are float16 (half the
+    memory traffic; tensor cores on GPUs), the weights are converted once here, and the model's
+    inputs and outputs keep their float32 interface."""
     import tvm
     from tvm import relax
 
@@ -52,6 +60,10 @@ def optimize(mod, target: Target):
         relax.transform.DecomposeOpsForInference(),
         relax.transform.FoldConstant(),
     ]
+    if dtype == "float16":
+        passes += [relax.transform.ToMixedPrecision(out_dtype="float16"), relax.transform.FoldConstant()]
+    elif dtype != "float32":
+        raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
     mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
     layouts = schedules.desired_layouts(target)
     if layouts:
@@ -203,6 +215,10 @@ def build(mod, target: Target):
     """TVM code generation for a scheduled module; returns a relax Executable."""
     import tvm
 
+    if target.family == "cuda":
+        from deploytool import cuda
+
+        cuda.ensure_compiler()
     t = target.tvm_target()
     try:
         with t:
@@ -252,6 +268,14 @@ def export(executable, target: Target, path: str | Path, metadata: dict[str, Any
             raise BuildError(f"linking {path.name} failed: {describe(e)}",
                              "rerun with --verbose; check the toolchain") from e
         os.replace(tmp_out, path)
+    if target.family == "cuda":
+        from deploytool import cuda
+
+        want, got = target.tvm.get("arch"), cuda.cubin_archs(path)
+        if got != [want]:
+            raise BuildError(f"{path.name} holds cubins for {got or 'no arch'} instead of one for {want}: TVM kept "
+                             "CUDA source that only a machine with NVRTC could load",
+                             "rerun with --verbose and file an issue (deploytool.cuda.ensure_compiler should prevent it)")
     return Artifact.open(path)
 
 

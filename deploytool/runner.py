@@ -112,7 +112,8 @@ class _VMRunner:
 
 
 class LocalRunner(_VMRunner):
-    """Loads a Linux .so artifact on this machine and runs it on the CPU."""
+    """Loads a Linux .so artifact on this machine and runs it on the CPU, or on this machine's
+    NVIDIA GPU for CUDA artifacts (inputs copied to the GPU, outputs back)."""
 
     def __init__(self, artifact: Artifact, threads: int | None = None):
         self.artifact = artifact
@@ -120,12 +121,13 @@ class LocalRunner(_VMRunner):
         import tvm
 
         set_threads(threads)
+        cuda = artifact.metadata.get("target", {}).get("family") == "cuda"
         try:
             lib = tvm.runtime.load_module(str(artifact.path))
         except Exception as e:
             raise ArtifactError(f"the TVM runtime cannot load '{artifact.path}': {str(e).strip().splitlines()[-1][:300]}",
                                 "rebuild it with this deploytool/TVM version") from None
-        self.device = tvm.cpu()
+        self.device = tvm.cuda(0) if cuda else tvm.cpu()
         self._start(lib)
 
     @staticmethod
@@ -142,6 +144,10 @@ class LocalRunner(_VMRunner):
                               "rebuild for this machine with --target x86 (or a portable preset such as x86-avx2)")
         import tvm
 
+        if meta.get("target", {}).get("family") == "cuda":
+            from deploytool import cuda
+
+            cuda.require_gpu(meta["target"].get("tvm", {}).get("arch"), f"'{a.path}'")
         if meta.get("tvm_version") != tvm.__version__:
             raise ArtifactError(f"'{a.path}' was built with TVM {meta.get('tvm_version')}, this runtime is TVM {tvm.__version__}",
                                 "rebuild it with this deploytool installation")
@@ -184,7 +190,8 @@ class RPCRunner(_VMRunner):
             raise ArtifactError(f"the board {self.board.name} cannot load '{artifact.path}': "
                                 f"{str(e).strip().splitlines()[-1][:200]}",
                                 "check that it is built for this board's CPU and TVM runtime") from None
-        self.device = sess.cpu()
+        # A CUDA artifact on a board (a Jetson serving `deploytool device serve`) runs on its GPU.
+        self.device = sess.cuda(0) if meta.get("target", {}).get("family") == "cuda" else sess.cpu()
         self._start(lib)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

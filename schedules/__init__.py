@@ -27,6 +27,10 @@ def apply_defaults(mod, target, report: dict | None = None):
         from deploytool.schedules import cpu
 
         return cpu.apply(mod, target, report)
+    if family == "cuda":
+        from deploytool.schedules import gpu
+
+        return gpu.apply(mod, target, report)
     if family == "cortex-m":
         from deploytool.schedules import mcu
 

@@ -1,13 +1,15 @@
 """The tuning design space per target family, as MetaSchedule objects.
 
-For a CPU kernel the space is the union of two generators:
+For a kernel the space is the union of two generators:
 
-* ``deploytool-default``: the rule-based default schedule of ``schedules.cpu`` (one point, no
-  decisions). Tuning measures it first, so a tuned kernel is never slower than the untuned one,
+* ``deploytool-default``: the rule-based default schedule of ``schedules.cpu`` (CPUs) or dlight
+  (``schedules.gpu``, NVIDIA GPUs): one point, no decisions. Tuning measures it first, so a tuned kernel is never slower than the untuned one,
   and the evolutionary search starts from it (it is the best record of the task until beaten).
-* ``multi-level-tiling``: MetaSchedule's Ansor-style rules configured for the target: SSRSRS
+* ``multi-level-tiling``: MetaSchedule's Ansor-style rules configured for the target. CPUs: SSRSRS
   multi-level tiling with a register-sized write cache, auto-inline, rfactor for reductions,
-  parallel/vectorize/unroll with a sampled unroll depth, and sampled compute locations.
+  parallel/vectorize/unroll with a sampled unroll depth, and sampled compute locations. GPUs:
+  SSSRRSRS tiling bound to blocks/virtual threads/threads with shared-memory reads (cooperative
+  fetch) and register writes, cross-thread reductions, auto-bind, unroll depth at most 256.
 
 Postprocessors and mutators follow; ``RewriteLayout`` is left out on purpose: our kernels take
 weights already laid out by the graph passes (HWIO), and a layout-rewriting trace could not be
@@ -80,7 +82,70 @@ class SearchConfig:
 def search_config(target) -> SearchConfig:
     if target.family in ("x86", "arm"):
         return SearchConfig()
+    if target.family == "cuda":
+        # Candidates build in parallel on every core (NVRTC in the persistent build workers) and run in
+        # microseconds: bigger rounds keep the GPU machine's cores busy.
+        return SearchConfig(trials_per_task=64, batch=32, early_stop_trials=64)
     return SearchConfig(trials_per_task=32, batch=8)
+
+
+# Unroll depths the CUDA search samples. TVM's default goes to 1024 with explicit unrolling: a
+# 1024-step unrolled reduction is tens of thousands of PTX instructions, which NVRTC/ptxas compile in
+# tens of seconds -- the candidate-build timeouts seen with MetaSchedule's defaults. 256 keeps the
+# gain of unrolling (the innermost tiles are small) at a fraction of the compile time.
+CUDA_UNROLL_STEPS = [0, 16, 64, 256]
+
+
+def _cuda_rules(target):
+    from tvm.s_tir import meta_schedule as ms
+
+    lim = target.tvm
+    return [
+        ms.schedule_rule.ApplyCustomRule(),
+        ms.schedule_rule.MultiLevelTiling(
+            structure="SSSRRSRS",
+            tile_binds=["blockIdx.x", "vthread.x", "threadIdx.x"],
+            max_innermost_factor=64,
+            vector_load_lens=[1, 2, 3, 4, 8, 16],
+            reuse_read=ms.schedule_rule.ReuseType(req="must", levels=[4], scope="shared"),
+            reuse_write=ms.schedule_rule.ReuseType(req="must", levels=[3], scope="local"),
+        ),
+        ms.schedule_rule.InlineConstantScalars(),
+        ms.schedule_rule.AutoInline(
+            into_producer=True, into_consumer=True, inline_const_tensor=True, disallow_if_then_else=False,
+            require_injective=False, require_ordered=False, disallow_op=None,
+        ),
+        ms.schedule_rule.CrossThreadReduction(thread_extents=[4, 8, 16, 32, 64, 128, 256, 512]),
+        ms.schedule_rule.ParallelizeVectorizeUnroll(
+            max_jobs_per_core=-1, max_vectorize_extent=-1, unroll_max_steps=CUDA_UNROLL_STEPS, unroll_explicit=True,
+        ),
+        ms.schedule_rule.AutoBind(max_threadblocks=256,
+                                  thread_extents=[t for t in (32, 64, 128, 256, 512, 1024)
+                                                  if t <= int(lim.get("max_threads_per_block", 1024))]),
+    ]
+
+
+def _cuda_postprocs():
+    from tvm.s_tir import meta_schedule as ms
+
+    return [
+        ms.postproc.DisallowDynamicLoop(),
+        ms.postproc.RewriteCooperativeFetch(),
+        ms.postproc.RewriteUnboundBlock(),
+        ms.postproc.RewriteParallelVectorizeUnroll(),
+        ms.postproc.RewriteReductionBlock(),
+        ms.postproc.VerifyGPUCode(),
+    ]
+
+
+def _cuda_mutators():
+    from tvm.s_tir import meta_schedule as ms
+
+    return {
+        ms.mutator.MutateTileSize(): 0.9,
+        ms.mutator.MutateUnroll(): 0.08,
+        ms.mutator.MutateThreadBinding(): 0.02,
+    }
 
 
 def _cpu_rules(params):
@@ -136,6 +201,10 @@ def _cpu_mutators():
 def default_schedule_fn(target):
     """A MetaSchedule ScheduleFn body: the rule-based default schedule of a one-kernel module
     (or the schedule unchanged when no rule applies)."""
+    if target.family == "cuda":
+        from deploytool.schedules import gpu
+
+        return gpu.schedule_fn(target)
     from deploytool.schedules import cpu
 
     params = cpu.CPUParams.for_target(target)
@@ -160,18 +229,20 @@ def space_generator(target):
     """The design space for one task on ``target`` (a MetaSchedule SpaceGenerator)."""
     from tvm.s_tir import meta_schedule as ms
 
-    if target.family not in ("x86", "arm"):
+    if target.family == "cuda":
+        rules, postprocs, mutators = _cuda_rules(target), _cuda_postprocs(), _cuda_mutators()
+    elif target.family in ("x86", "arm"):
+        from deploytool.schedules import cpu
+
+        rules, postprocs, mutators = _cpu_rules(cpu.CPUParams.for_target(target)), _cpu_postprocs(), _cpu_mutators()
+    else:
         from deploytool.errors import TargetError
 
-        raise TargetError(f"tuning for the {target.family} family is not supported yet",
-                          "tune for an x86 or arm preset (see `deploytool targets`)")
-    from deploytool.schedules import cpu
-
-    params = cpu.CPUParams.for_target(target)
-    postprocs, mutators = _cpu_postprocs(), _cpu_mutators()
+        raise TargetError(f"tuning for the {target.family} family is not supported",
+                          "tune for an x86, arm or cuda preset (see `deploytool targets`)")
     ours = ms.space_generator.ScheduleFn(default_schedule_fn(target), sch_rules=[], postprocs=postprocs,
                                          mutator_probs=mutators)
-    tiling = ms.space_generator.PostOrderApply(sch_rules=_cpu_rules(params), postprocs=postprocs,
+    tiling = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs,
                                                mutator_probs=mutators)
     return ms.space_generator.SpaceGeneratorUnion([ours, tiling], sch_rules=[], postprocs=postprocs,
                                                   mutator_probs=mutators)

@@ -16,7 +16,8 @@ Preset fields::
     toolchain       {"cc": compiler that links the artifact, "cross": bool, "objdump": ...}
     device          how a device is reached: {"kind": "local" | "rpc" | "qemu-user" | "qemu-system"}
     artifact        "so" (self-describing shared library) or "c-bundle" (Cortex-M C project)
-    detect          "host-cpu": fill mcpu, features and cores from this machine at load time
+    detect          "host-cpu": fill mcpu, features and cores from this machine at load time;
+                    "cuda-gpu": take arch and limits from this machine's NVIDIA GPU, if it has one
     available       false for presets whose issue has not landed yet; "note" says which
 """
 
@@ -136,9 +137,13 @@ def from_dict(data: dict[str, Any], *, cpuinfo: str | None = None) -> Target:
     detect = data.pop("detect", None)
     if detect == "host-cpu":
         data = _detect_host(data, cpuinfo)
+    elif detect == "cuda-gpu":
+        from deploytool import cuda
+
+        data = cuda.detect_into(data)
     elif detect is not None:
         raise TargetError(f"target preset '{data['name']}' has unknown detect '{detect}'",
-                          "use \"host-cpu\" or remove it")
+                          "use \"host-cpu\", \"cuda-gpu\" or remove it")
     if "required_features" not in data and data["tvm"].get("kind") == "llvm" and data["tvm"].get("mcpu"):
         data["required_features"] = llvm_required_features(data["tvm"])
     known = set(Target.__dataclass_fields__)

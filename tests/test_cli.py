@@ -129,7 +129,11 @@ def test_error_unknown_target(cli, tiny_model):
 
 
 def test_error_target_not_available_yet(cli, tiny_model, tmp_path):
-    assert_one_line_error(cli("compile", tiny_model, "--target", "cuda", "-o", tmp_path / "x"), "not available yet")
+    p = tmp_path / "future.json"
+    p.write_text(json.dumps({"name": "future", "family": "x86", "arch": "x86_64", "available": False,
+                             "note": "lands with issue #99", "tvm": {"kind": "llvm", "mcpu": "x86-64"}}))
+    assert_one_line_error(cli("compile", tiny_model, "--target", p, "-o", tmp_path / "x"), "not available yet",
+                          "issue #99")
 
 
 def test_error_dynamic_shape(cli, tmp_path):

@@ -1,0 +1,189 @@
+"""NVIDIA GPUs. Compiling for CUDA needs no GPU and runs in CI: every preset builds real cubins
+(NVRTC), tuning candidates build in the persistent pool, float16 numerics hold. The tests marked
+``gpu`` run a model, tune and replay on the GPU; they skip where there is none (CI has none)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import make_tiny_model
+from test_cli import assert_one_line_error
+
+CUDA_PRESETS = ("cuda", "cuda-sm80", "cuda-sm86", "cuda-sm89", "jetson-orin")
+
+
+def _gpu():
+    from deploytool import cuda
+
+    return cuda.local_gpu()
+
+
+needs_gpu = pytest.mark.skipif(_gpu() is None, reason="no NVIDIA GPU on this machine (CI has none): the gpu tests "
+                               "run where one is, e.g. `pytest -m gpu` on the GPU machine")
+no_gpu_only = pytest.mark.skipif(_gpu() is not None, reason="checks the message of a machine without a GPU")
+
+
+# ----------------------------------------------------------------------------- CI: no GPU needed
+@pytest.mark.models
+@pytest.mark.parametrize("preset", CUDA_PRESETS)
+def test_every_cuda_preset_compiles_to_a_cubin_of_its_arch(cli, tiny_model, tmp_path, preset):
+    from deploytool import cuda, targets
+    from deploytool.artifact import Artifact
+
+    out = tmp_path / f"tiny-{preset}.so"
+    r = cli("compile", tiny_model, "--target", preset, "-o", out)
+    assert r.code == 0, r
+    t = targets.load(preset)
+    for k in ("max_threads_per_block", "max_shared_memory_per_block", "thread_warp_size", "registers_per_block"):
+        assert k in t.tvm, k  # MetaSchedule refuses a CUDA target without them
+    assert cuda.cubin_archs(out) == [t.tvm["arch"]]  # machine code for the GPU, not CUDA source
+    art = Artifact.open(out)
+    assert art.metadata["target"]["family"] == "cuda" and art.arch == t.arch
+    if preset == "jetson-orin":
+        assert art.arch == "aarch64" and t.host["mtriple"].startswith("aarch64")
+    assert "Fallback" in r.out or "Matmul" in r.out  # dlight rules scheduled every kernel
+    assert "no default schedule" not in r.err
+
+
+@pytest.mark.models
+def test_cuda_squeezenet_default_schedules_bind_every_kernel(tmp_path):
+    import deploytool
+    from deploytool import corpus
+
+    res = deploytool.compile(corpus.default_model(), target="cuda-sm80", output=tmp_path / "sq.so")
+    assert set(res.schedules.values()) <= {"Matmul", "GEMV", "LowBatchGEMV", "Reduction", "GeneralReduction",
+                                           "Transpose", "Fallback"}
+    convs = [k for k in res.schedules if "conv2d" in k]
+    assert len(convs) >= 18 and all(res.schedules[k] == "Matmul" for k in convs)  # every conv as a tiled GEMM
+
+
+@pytest.mark.models
+def test_cuda_tuning_candidates_build_here(tiny_model):
+    """The tuning build path without a GPU: candidates sampled from the CUDA design space build to
+    .so files with cubins in the persistent pool (on the GPU machine the same pool feeds the GPU)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import cuda, frontend, pipeline, targets
+    from deploytool.measure import LocalMeasurer, MeasureSettings
+    from deploytool.schedules import space
+
+    tgt = targets.load("cuda-sm80")
+    mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(tiny_model).mod, tgt), tgt)
+    conv = next(t for t in pipeline.tasks(mod) if "conv2d" in t.name)
+    ctx = ms.TuneContext(mod=space.workload_module(mod[conv.name]), target=tgt.tvm_target(),
+                         space_generator=space.space_generator(tgt), search_strategy=ms.search_strategy.ReplayTrace(),
+                         task_name=conv.name, rand_state=1, num_threads=1)
+    ctx.pre_tuning(max_trials=6, num_trials_per_iter=6, design_spaces=ctx.generate_design_space(),
+                   database=ms.database.MemoryDatabase(), cost_model=None)
+    cands = ctx.generate_measure_candidates()
+    assert len(cands) >= 3
+    # the dlight default is one of the design spaces: the search starts from it
+    assert len(ctx.generate_design_space()) >= 2
+    m = LocalMeasurer(tgt, MeasureSettings(), workers=2)
+    try:
+        built = m.build([c.sch.mod for c in cands])
+        paths = [b for b in built if isinstance(b, str)]
+        assert len(paths) == len(cands), [b.error for b in built if not isinstance(b, str)]
+        assert all(cuda.cubin_archs(p) == ["sm_80"] for p in paths)
+    finally:
+        m.close()
+
+
+@pytest.mark.fast
+def test_cuda_unroll_depth_is_bounded():
+    from deploytool.schedules import space
+
+    assert max(space.CUDA_UNROLL_STEPS) <= 256
+
+
+@pytest.mark.models
+def test_float16_numerics_hold_on_the_cpu(cli, tmp_path):
+    """--dtype float16 is checked here on x86 (same graph rewrite as on GPUs): float32 interface,
+    float16 inside, within the float16 tolerance of onnxruntime's float32 result."""
+    from deploytool import corpus
+    from deploytool.artifact import Artifact
+
+    model = corpus.default_model()
+    out = tmp_path / "sq16.so"
+    r = cli("compile", model, "--target", "x86", "--dtype", "float16", "-o", out, "-q")
+    assert r.code == 0, r
+    art = Artifact.open(out)
+    assert art.metadata["dtype"] == "float16" and art.inputs[0].dtype == "float32"
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out and "tol 0.03" in r.out, r
+    assert cli("run", out, "--check", model, "--rtol", "1e-7").code == 1  # float16 is not float32
+    assert_one_line_error(cli("compile", model, "--dtype", "float64"), "--dtype")
+
+
+@pytest.mark.fast
+@no_gpu_only
+def test_running_or_tuning_cuda_without_a_gpu_says_so(cli, tiny_model, tmp_path):
+    out = tmp_path / "t.so"
+    assert cli("compile", tiny_model, "--target", "cuda", "-o", out, "-q").code == 0
+    assert_one_line_error(cli("run", out), "needs an NVIDIA GPU", "compiling (--target cuda) works anywhere")
+    assert_one_line_error(cli("bench", out), "needs an NVIDIA GPU")
+    assert_one_line_error(cli("tune", tiny_model, "--target", "cuda", "-o", tmp_path / "t.jsonl"),
+                          "tuning for cuda needs an NVIDIA GPU")
+    assert not (tmp_path / "t.jsonl").exists()
+
+
+# ----------------------------------------------------------------------------- on the GPU
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_squeezenet_runs_and_matches_onnxruntime(cli, tmp_path):
+    from deploytool import corpus
+
+    model = corpus.default_model()
+    out = tmp_path / "sq.so"
+    assert cli("compile", model, "--target", "cuda", "-o", out, "-q").code == 0
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+    r = cli("bench", out, "--compare", model, "--json")
+    assert r.code == 0, r
+    assert json.loads(r.out)["deploytool"]["median_ms"] > 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_float16_matches_onnxruntime(cli, tmp_path):
+    from deploytool import corpus
+
+    model = corpus.default_model()
+    out = tmp_path / "sq16.so"
+    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "-o", out, "-q").code == 0
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_tune_resume_and_replay(cli, tmp_path):
+    model = make_tiny_model(tmp_path / "tiny.onnx")
+    log = tmp_path / "tiny-cuda.jsonl"
+    r = cli("tune", model, "--target", "cuda", "--trials-per-task", "4", "--batch", "4", "-o", log, "-q")
+    assert r.code == 0, r
+    lines = log.read_text().splitlines()
+    header = json.loads(lines[0])
+    assert header["target"]["tvm"]["kind"] == "cuda" and header["device"].get("gpu")
+    recs = [r for r in map(json.loads, lines) if r["type"] == "record"]
+    assert any(x.get("source") == "search" for x in recs)
+    r = cli("tune", model, "--target", "cuda", "--trials-per-task", "4", "--batch", "4", "-o", log, "-q")
+    assert r.code == 0, r
+    assert len(log.read_text().splitlines()) == len(lines)  # resumed: nothing measured again
+    out = tmp_path / "t.so"
+    r = cli("compile", model, "--target", "cuda", "--tuning-log", log, "--require-tuned", "-o", out, "-q")
+    assert r.code == 0, r
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_arch_mismatch_is_refused(cli, tiny_model, tmp_path):
+    if _gpu().arch.startswith("sm_8"):
+        pytest.skip("needs a GPU outside the sm_8x family (an sm_80 cubin loads on sm_86/87/89)")
+    out = tmp_path / "other.so"
+    assert cli("compile", tiny_model, "--target", "cuda-sm80", "-o", out, "-q").code == 0
+    assert_one_line_error(cli("run", out), "is built for sm_80")
