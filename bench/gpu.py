@@ -1,0 +1,249 @@
+"""GPU benchmark: deploytool vs torch eager, torch.compile (max-autotune) and onnxruntime, in one run.
+
+    python bench/gpu.py [--models resnet50,bert_encoder] [--batches 1,32] [--dtypes float32,float16]
+                        [--log-dir tuning_logs] [--compile-modes max-autotune] [--out bench/results]
+
+Every engine runs the same model with the same weights (the frozen corpus's ONNX file; torch runs
+it through bench/onnx_torch.py) on the same inputs. float32 comparisons run with TF32 off (torch's
+matmul and cuDNN flags), float16 ones with torch's module and inputs in half precision and
+deploytool's --dtype float16 (mixed precision, float32 interface). deploytool's outputs are checked
+against onnxruntime (CPU, float32) before timing. Latency: wall clock per call with the device
+synchronized, median of at least --repeats calls after warm-up, the same loop for every engine.
+
+A tuning log ``<log-dir>/<model>-b<batch>-<dtype>-cuda.jsonl`` is used when it exists (its
+coverage is reported). Writes ``gpu.json`` and ``gpu.md`` to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+
+def log_name(model: str, batch: int, dtype: str) -> str:
+    return f"{model}-b{batch}-{dtype}-cuda.jsonl"
+
+
+def timed(fn, sync, warmup: int, repeats: int, min_s: float = 1.0) -> dict:
+    for _ in range(warmup):
+        fn()
+    sync()
+    samples = []
+    t_start = time.perf_counter()
+    while len(samples) < repeats or (time.perf_counter() - t_start < min_s and len(samples) < 2000):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return {"median_ms": statistics.median(samples), "min_ms": min(samples), "n": len(samples)}
+
+
+def model_file(name: str, batch: int, cache: Path) -> Path:
+    import onnx
+
+    from deploytool import benchmark
+    from onnx_torch import rebatch
+
+    entry = {e["name"]: e for e in benchmark.load_manifest()["models"]}[name]
+    base = benchmark.materialize(entry, cache)
+    if batch == 1:
+        return base
+    out = cache / f"{name}-b{batch}.onnx"
+    if not out.exists():
+        onnx.save(rebatch(onnx.load(base), batch), out)
+    return out
+
+
+def feeds_for(path: Path, seed: int = 0) -> dict[str, np.ndarray]:
+    from deploytool.artifact import TensorSpec
+    from deploytool.frontend import load_onnx
+    from deploytool.inputs import random_inputs
+
+    m = load_onnx(path)
+    inits = {t.name for t in m.graph.initializer}
+    specs = []
+    for i in m.graph.input:
+        if i.name in inits:
+            continue
+        tt = i.type.tensor_type
+        dt = {1: "float32", 7: "int64", 6: "int32"}[tt.elem_type]
+        specs.append(TensorSpec(i.name, tuple(d.dim_value for d in tt.shape.dim), dt))
+    return random_inputs(specs, seed)
+
+
+def run_torch(onnx_path: Path, feeds, dtype: str, mode: str | None, warmup: int, repeats: int) -> dict:
+    import onnx
+    import torch
+
+    from onnx_torch import module_from_onnx
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    mod = module_from_onnx(onnx.load(onnx_path)).cuda().eval()
+    args = [torch.from_numpy(v).cuda() for v in feeds.values()]
+    if dtype == "float16":
+        mod = mod.half()
+        args = [a.half() if a.is_floating_point() else a for a in args]
+    t0 = time.perf_counter()
+    fn = torch.compile(mod, mode=mode) if mode else mod
+    with torch.inference_mode():
+        out = fn(*args)  # compiles here for torch.compile
+        torch.cuda.synchronize()
+        compile_s = time.perf_counter() - t0
+        res = timed(lambda: fn(*args), torch.cuda.synchronize, warmup, repeats)
+    res["output"] = out.float().cpu().numpy()
+    if mode:
+        res["compile_s"] = compile_s
+    torch.cuda.empty_cache()
+    return res
+
+
+def run_ort(onnx_path: Path, feeds, warmup: int, repeats: int) -> dict | None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return None
+    sess = ort.InferenceSession(str(onnx_path), providers=["CUDAExecutionProvider"])
+    return timed(lambda: sess.run(None, feeds), lambda: None, warmup, repeats)
+
+
+def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir: Path, warmup: int, repeats: int,
+                   ref) -> dict:
+    import deploytool
+    from deploytool.artifact import Artifact
+    from deploytool.reference import compare
+    from deploytool.runner import LocalRunner
+
+    so = out_dir / f"{onnx_path.stem}-{dtype}-cuda.so"
+    t0 = time.perf_counter()
+    res = deploytool.compile(onnx_path, target="cuda", output=so, dtype=dtype,
+                             tuning_log=log if log and log.exists() else None)
+    compile_s = time.perf_counter() - t0
+    runner = LocalRunner(Artifact.open(so))
+    outs = runner.run(feeds)
+    cmp = compare(outs, ref, 3e-2 if dtype == "float16" else 1e-4)
+    tm = runner.time(feeds, warmup=warmup, repeats=repeats, min_seconds=1.0)
+    tuned = sum(1 for v in res.schedules.values() if v == "tuned")
+    return {"median_ms": tm.median_ms, "min_ms": tm.min_ms, "n": tm.repeats, "compile_s": compile_s,
+            "check": "pass" if all(c.ok for c in cmp) else f"FAIL (rel err {max(c.max_rel_err for c in cmp):.2g})",
+            "max_rel_err": max(c.max_rel_err for c in cmp), "tuned_kernels": tuned, "kernels": len(res.schedules),
+            "output": next(iter(outs.values()))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="resnet50,bert_encoder")
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--dtypes", default="float32,float16")
+    ap.add_argument("--log-dir", default=str(REPO / "tuning_logs"))
+    ap.add_argument("--compile-modes", default="max-autotune",
+                    help="torch.compile modes to time, comma-separated ('' for none)")
+    ap.add_argument("--compile-dtypes", default="float16", help="dtypes for which torch.compile runs")
+    ap.add_argument("--cache", default=os.path.expanduser("~/.cache/deploytool/corpus"))
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from deploytool import cuda
+    from deploytool.reference import ort_run, ort_session
+
+    gpu = cuda.local_gpu()
+    if gpu is None:
+        print("no NVIDIA GPU here: run this on the GPU machine", file=sys.stderr)
+        return 2
+    cache, out = Path(args.cache), Path(args.out)
+    cache.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    modes = [m for m in args.compile_modes.split(",") if m]
+    rows = []
+    for name in args.models.split(","):
+        for batch in [int(b) for b in args.batches.split(",")]:
+            path = model_file(name, batch, cache)
+            feeds = feeds_for(path)
+            ref = ort_run(ort_session(path), feeds)
+            for dtype in args.dtypes.split(","):
+                row = {"model": name, "batch": batch, "dtype": dtype}
+                log = Path(args.log_dir) / log_name(name, batch, dtype)
+                try:
+                    row["deploytool"] = run_deploytool(path, feeds, dtype, log, cache, args.warmup, args.repeats, ref)
+                    row["log"] = log.name if log.exists() else None
+                except Exception as e:  # a failed engine is a row entry, not the end of the run
+                    row["deploytool"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                try:
+                    row["torch_eager"] = run_torch(path, feeds, dtype, None, args.warmup, args.repeats)
+                except Exception as e:
+                    row["torch_eager"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                if dtype in args.compile_dtypes.split(","):
+                    for mode in modes:
+                        try:
+                            row[f"torch_compile_{mode}"] = run_torch(path, feeds, dtype, mode, args.warmup, args.repeats)
+                        except Exception as e:
+                            row[f"torch_compile_{mode}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                if dtype == "float32":
+                    row["onnxruntime_cuda"] = run_ort(path, feeds, args.warmup, args.repeats) or {
+                        "error": "onnxruntime has no CUDAExecutionProvider here"}
+                # agreement of torch with onnxruntime (the converter is right)
+                te = row["torch_eager"]
+                if "output" in te:
+                    r = next(iter(ref.values()))
+                    row["torch_vs_ort_rel_err"] = float(np.abs(te["output"] - r).max() / (np.abs(r).max() or 1))
+                for v in row.values():
+                    if isinstance(v, dict):
+                        v.pop("output", None)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+    (out / "gpu.json").write_text(json.dumps(result, indent=1))
+    (out / "gpu.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+def markdown(result: dict) -> str:
+    engines = []
+    for r in result["rows"]:
+        for k in r:
+            if isinstance(r[k], dict) and k not in engines:
+                engines.append(k)
+    head = ["model", "batch", "dtype", "check", *[f"{e} ms" for e in engines], "vs eager", "vs best torch.compile"]
+    lines = [f"GPU: {result['gpu']['name']} ({result['gpu']['arch']}), torch {result['torch']}, {result['date']}.",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        d = r.get("deploytool", {})
+
+        def ms(e):
+            v = r.get(e, {})
+            return f"{v['median_ms']:.3f}" if "median_ms" in v else "-"
+        dm = d.get("median_ms")
+        eager = r.get("torch_eager", {}).get("median_ms")
+        comp = [v["median_ms"] for k, v in r.items() if k.startswith("torch_compile") and isinstance(v, dict)
+                and "median_ms" in v]
+        chk = d.get("check", d.get("error", "-"))
+        if d.get("tuned_kernels"):
+            chk += f", {d['tuned_kernels']}/{d['kernels']} tuned"
+        lines.append("| " + " | ".join([r["model"], str(r["batch"]), r["dtype"], chk, *[ms(e) for e in engines],
+                                         f"{eager / dm:.2f}x" if dm and eager else "-",
+                                         f"{min(comp) / dm:.2f}x" if dm and comp else "-"]) + " |")
+    lines += ["", "vs eager / vs torch.compile: the other engine's median over deploytool's (above 1: deploytool "
+              "faster). float32 rows: TF32 off."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Getting deploytool (and TVM) onto a borrowed GPU machine that cannot reach PyPI, through a
+# transfer limit of 64 MiB per call (the apache-tvm wheel alone is 100 MB). See DEVELOPERS.md,
+# "NVIDIA GPUs". Here (once):
+#     tools/gpu_machine.sh prepare        # downloads the cp312 wheels, splits TVM into .gpu1/ and .gpu2/
+# There, in consecutive calls (the machine stays warm ~30 s between calls):
+#     tools/gpu_machine.sh stage1         # carry .gpu1: stores the first half under ~/dt
+#     tools/gpu_machine.sh setup          # carry .gpu2: joins, installs TVM + deploytool into ~/site
+#     source tools/gpu_machine.sh env; ... # later calls: PYTHONPATH etc. (fails fast if the machine is fresh)
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DT="${HOME}/dt"
+SITE="${HOME}/site"
+TVM_WHEEL="apache_tvm-0.27.0.post1-py3-none-manylinux_2_27_x86_64.manylinux_2_28_x86_64.whl"
+
+case "${1:-}" in
+  prepare)
+    cd "$REPO"
+    grep -qx '/.gpu1/' .git/info/exclude 2>/dev/null || printf '/.gpu1/\n/.gpu2/\n' >> .git/info/exclude
+    mkdir -p .whl .gpu1 .gpu2
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+      --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d .whl \
+      apache-tvm==0.27.0.post1 apache-tvm-ffi==0.1.14.post1 tornado==6.6.1 xgboost-cpu==3.2.0
+    rm -f .gpu1/* .gpu2/*
+    # 58 MB + the repo in the first call, the rest + the small wheels in the second: both under 64 MiB
+    split -b 58000000 ".whl/$TVM_WHEEL" .gpu1/tvm.part.
+    mv .gpu1/tvm.part.ab .gpu2/
+    cp .whl/apache_tvm_ffi-*.whl .whl/tornado-*.whl .whl/xgboost_cpu-*.whl .gpu2/
+    du -sh .gpu1 .gpu2
+    ;;
+  stage1)
+    mkdir -p "$DT" && cp "$REPO"/.gpu1/tvm.part.aa "$DT/" && ls -la "$DT"
+    nvidia-smi -L || true
+    ;;
+  setup)
+    test -f "$DT/tvm.part.aa" || { echo "the machine is fresh: run stage1 first (the first half is gone)"; exit 3; }
+    cat "$DT/tvm.part.aa" "$REPO/.gpu2/tvm.part.ab" > "$DT/$TVM_WHEEL"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+      "$DT/$TVM_WHEEL" "$REPO"/.gpu2/*.whl
+    export PYTHONPATH="$SITE"
+    # deploytool itself, laid out as pyproject's package-dir installs it (targets/, schedules/ and
+    # cost_model/ inside the package); no build backend needed there
+    rm -rf "$SITE/deploytool" && cp -r "$REPO/deploytool" "$SITE/deploytool"
+    for d in targets schedules cost_model; do cp -r "$REPO/$d" "$SITE/deploytool/$d"; done
+    python3 -c "import tvm, deploytool; from deploytool import cuda; print('tvm', tvm.__version__, cuda.local_gpu())"
+    ;;
+  env)
+    test -f "$SITE/tvm/__init__.py" || { echo "the machine is fresh: run stage1 and setup first"; return 3 2>/dev/null || exit 3; }
+    export PYTHONPATH="$SITE" PYTHONUNBUFFERED=1
+    ;;
+  *)
+    echo "usage: $0 prepare|stage1|setup|env" >&2; exit 2 ;;
+esac
