@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer
+from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
 from deploytool.tuninglog import LogWriter, Record, TuningLog, TuningLogError, Workload, make_header, to_py
 
@@ -239,14 +239,24 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         database = ms.database.MemoryDatabase()
         contexts = {}
         fe = F.extractor()
+        def make_context(st: TaskState, i: int, with_default: bool = True):
+            with without_tensor_intrinsics(target):
+                return ms.TuneContext(mod=wmods[st.workload], target=tvm_target,
+                                      space_generator=space.space_generator(target, with_default),
+                                      search_strategy=space.search_strategy(cfg), task_name=st.name,
+                                      rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
+                                      num_threads=measurer.threads, logger=_quiet_logger())
+
+        def start_search(ctx, st: TaskState) -> None:
+            ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
+                           design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
+            database.commit_workload(wmods[st.workload])
+
+        tiling_only: set[str] = set()  # tasks searched without their default schedule as a design space
         for i, st in enumerate(states):
             if st.done:
                 continue
-            with without_tensor_intrinsics(target):
-                ctx = ms.TuneContext(mod=wmods[st.workload], target=tvm_target, space_generator=space.space_generator(target),
-                                     search_strategy=space.search_strategy(cfg), task_name=st.name,
-                                     rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
-                                     num_threads=measurer.threads, logger=_quiet_logger())
+            ctx = make_context(st, i)
             contexts[st.workload] = ctx
             if old is not None:
                 _warm_start(ctx, st, old, model, database, fe, tvm_target)
@@ -262,10 +272,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     ms.arg_info.ArgInfo.from_prim_func(funcs[st.workload])))
         for st in states:
             if st.workload in contexts:
-                ctx = contexts[st.workload]
-                ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
-                               design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
-                database.commit_workload(wmods[st.workload])
+                start_search(contexts[st.workload], st)
 
         # ---- 3. rounds
         run_curve: list[tuple[int, float]] = [(0, _estimate(states, "best_s"))]
@@ -279,7 +286,22 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             ctx = contexts[st.workload]
             cm_before = cost_model.seconds
             t0 = time.perf_counter()
-            cands = ctx.generate_measure_candidates()
+            try:
+                cands = ctx.generate_measure_candidates()
+            except Exception as e:  # a hard check inside MetaSchedule's search: this task only
+                cands = None
+                if st.workload not in tiling_only:
+                    # the default schedule as a design space is the usual culprit (see space_generator):
+                    # search the tiling space alone; the default stays measured as the record to beat
+                    ctx.post_tuning()
+                    ctx = contexts[st.workload] = make_context(st, states.index(st), with_default=False)
+                    tiling_only.add(st.workload)
+                    start_search(ctx, st)
+                    seconds["search"] += time.perf_counter() - t0
+                    continue
+                st.done = f"search failed: {_one_line(e)}"
+                log.warning("tuning %s stopped: %s", st.name, st.done)
+                continue
             seconds["search"] += time.perf_counter() - t0 - (cost_model.seconds - cm_before)
             if not cands:
                 st.done = "search space exhausted"

@@ -225,8 +225,11 @@ def default_schedule_fn(target):
     return fn
 
 
-def space_generator(target):
-    """The design space for one task on ``target`` (a MetaSchedule SpaceGenerator)."""
+def space_generator(target, with_default: bool = True):
+    """The design space for one task on ``target`` (a MetaSchedule SpaceGenerator). Without
+    ``with_default``, the tiling generator alone: for the rare kernel whose default schedule the
+    postprocessors reject (dlight leaves a GPU epilogue under blockIdx with no threadIdx, which
+    RewriteUnboundBlock refuses with a hard check inside the search)."""
     from tvm.s_tir import meta_schedule as ms
 
     if target.family == "cuda":
@@ -240,10 +243,12 @@ def space_generator(target):
 
         raise TargetError(f"tuning for the {target.family} family is not supported",
                           "tune for an x86, arm or cuda preset (see `deploytool targets`)")
-    ours = ms.space_generator.ScheduleFn(default_schedule_fn(target), sch_rules=[], postprocs=postprocs,
-                                         mutator_probs=mutators)
     tiling = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs,
                                                mutator_probs=mutators)
+    if not with_default:
+        return tiling
+    ours = ms.space_generator.ScheduleFn(default_schedule_fn(target), sch_rules=[], postprocs=postprocs,
+                                         mutator_probs=mutators)
     return ms.space_generator.SpaceGeneratorUnion([ours, tiling], sch_rules=[], postprocs=postprocs,
                                                   mutator_probs=mutators)
 

@@ -7,7 +7,7 @@
 #     tools/gpu_machine.sh stage1         # carry .gpu1: stores the first half under ~/dt
 #     tools/gpu_machine.sh setup          # carry .gpu2: joins, installs TVM + deploytool into ~/site
 #     source tools/gpu_machine.sh env; ... # later calls: PYTHONPATH etc. (fails fast if the machine is fresh)
-set -euo pipefail
+# (no `set -e` at the top: `source ... env` must not change the calling shell's options)
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DT="${HOME}/dt"
 SITE="${HOME}/site"
@@ -15,6 +15,7 @@ TVM_WHEEL="apache_tvm-0.27.0.post1-py3-none-manylinux_2_27_x86_64.manylinux_2_28
 
 case "${1:-}" in
   prepare)
+    set -euo pipefail
     cd "$REPO"
     grep -qx '/.gpu1/' .git/info/exclude 2>/dev/null || printf '/.gpu1/\n/.gpu2/\n' >> .git/info/exclude
     mkdir -p .whl .gpu1 .gpu2
@@ -30,10 +31,12 @@ case "${1:-}" in
     du -sh .gpu1 .gpu2
     ;;
   stage1)
+    set -euo pipefail
     mkdir -p "$DT" && cp "$REPO"/.gpu1/tvm.part.aa "$DT/" && ls -la "$DT"
     nvidia-smi -L || true
     ;;
   setup)
+    set -euo pipefail
     test -f "$DT/tvm.part.aa" || { echo "the machine is fresh: run stage1 first (the first half is gone)"; exit 3; }
     cat "$DT/tvm.part.aa" "$REPO/.gpu2/tvm.part.ab" > "$DT/$TVM_WHEEL"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
@@ -41,8 +44,11 @@ case "${1:-}" in
     export PYTHONPATH="$SITE"
     # deploytool itself, laid out as pyproject's package-dir installs it (targets/, schedules/ and
     # cost_model/ inside the package); no build backend needed there
+    # (links in the checkout too: tests and benchmarks run from the repo root, where ./deploytool wins)
     rm -rf "$SITE/deploytool" && cp -r "$REPO/deploytool" "$SITE/deploytool"
-    for d in targets schedules cost_model; do cp -r "$REPO/$d" "$SITE/deploytool/$d"; done
+    for d in targets schedules cost_model; do
+      cp -r "$REPO/$d" "$SITE/deploytool/$d"; ln -sfn "../$d" "$REPO/deploytool/$d"
+    done
     python3 -c "import tvm, deploytool; from deploytool import cuda; print('tvm', tvm.__version__, cuda.local_gpu())"
     ;;
   env)
