@@ -207,10 +207,10 @@ def main(argv=None) -> int:
                         v.pop("output", None)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-    result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
-    (out / "gpu.json").write_text(json.dumps(result, indent=1))
-    (out / "gpu.md").write_text(markdown(result))
+                result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
+                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
+                (out / "gpu.json").write_text(json.dumps(result, indent=1))  # after every row: a run cut
+                (out / "gpu.md").write_text(markdown(result))                 # short keeps what it measured
     print(markdown(result))
     return 0
 
