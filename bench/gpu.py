@@ -99,11 +99,13 @@ def run_torch(onnx_path: Path, feeds, dtype: str, mode: str | None, warmup: int,
     t0 = time.perf_counter()
     fn = torch.compile(mod, mode=mode) if mode else mod
     with torch.inference_mode():
-        out = fn(*args)  # compiles here for torch.compile
+        # compiles here for torch.compile; the output is copied out at once (CUDA-graph replays of
+        # max-autotune overwrite it)
+        output = fn(*args).float().cpu().numpy()
         torch.cuda.synchronize()
         compile_s = time.perf_counter() - t0
         res = timed(lambda: fn(*args), torch.cuda.synchronize, warmup, repeats)
-    res["output"] = out.float().cpu().numpy()
+    res["output"] = output
     if mode:
         res["compile_s"] = compile_s
     torch.cuda.empty_cache()
@@ -155,11 +157,14 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--torch-only", action="store_true", help="time only the torch engines (deploytool rows "
+                    "from an earlier run of the same script)")
     args = ap.parse_args(argv)
 
     import torch
 
     from deploytool import cuda
+    from deploytool.benchmark import markdown_gpu
     from deploytool.reference import ort_run, ort_session
 
     gpu = cuda.local_gpu()
@@ -180,6 +185,8 @@ def main(argv=None) -> int:
                 row = {"model": name, "batch": batch, "dtype": dtype}
                 log = Path(args.log_dir) / log_name(name, batch, dtype)
                 try:
+                    if args.torch_only:
+                        raise RuntimeError("not run (--torch-only)")
                     row["deploytool"] = run_deploytool(path, feeds, dtype, log, cache, args.warmup, args.repeats, ref)
                     row["log"] = log.name if log.exists() else None
                 except Exception as e:  # a failed engine is a row entry, not the end of the run
@@ -210,39 +217,9 @@ def main(argv=None) -> int:
                 result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
                           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
                 (out / "gpu.json").write_text(json.dumps(result, indent=1))  # after every row: a run cut
-                (out / "gpu.md").write_text(markdown(result))                 # short keeps what it measured
-    print(markdown(result))
+                (out / "gpu.md").write_text(markdown_gpu(result))                 # short keeps what it measured
+    print(markdown_gpu(result))
     return 0
-
-
-def markdown(result: dict) -> str:
-    engines = []
-    for r in result["rows"]:
-        for k in r:
-            if isinstance(r[k], dict) and k not in engines:
-                engines.append(k)
-    head = ["model", "batch", "dtype", "check", *[f"{e} ms" for e in engines], "vs eager", "vs best torch.compile"]
-    lines = [f"GPU: {result['gpu']['name']} ({result['gpu']['arch']}), torch {result['torch']}, {result['date']}.",
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in result["rows"]:
-        d = r.get("deploytool", {})
-
-        def ms(e):
-            v = r.get(e, {})
-            return f"{v['median_ms']:.3f}" if "median_ms" in v else "-"
-        dm = d.get("median_ms")
-        eager = r.get("torch_eager", {}).get("median_ms")
-        comp = [v["median_ms"] for k, v in r.items() if k.startswith("torch_compile") and isinstance(v, dict)
-                and "median_ms" in v]
-        chk = d.get("check", d.get("error", "-"))
-        if d.get("tuned_kernels"):
-            chk += f", {d['tuned_kernels']}/{d['kernels']} tuned"
-        lines.append("| " + " | ".join([r["model"], str(r["batch"]), r["dtype"], chk, *[ms(e) for e in engines],
-                                         f"{eager / dm:.2f}x" if dm and eager else "-",
-                                         f"{min(comp) / dm:.2f}x" if dm and comp else "-"]) + " |")
-    lines += ["", "vs eager / vs torch.compile: the other engine's median over deploytool's (above 1: deploytool "
-              "faster). float32 rows: TF32 off."]
-    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

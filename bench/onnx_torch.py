@@ -40,6 +40,8 @@ def module_from_onnx(model):
     inputs = [i.name for i in g.input if i.name not in consts]
     outputs = [o.name for o in g.output]
     nodes = [(n.op_type, list(n.input), list(n.output), _attrs(n)) for n in g.node if n.op_type != "Constant"]
+    # Reshape targets as Python ints, read once here (torch.compile cannot trace numpy iteration)
+    shapes = {n.input[1]: [int(v) for v in consts[n.input[1]]] for n in g.node if n.op_type == "Reshape"}
 
     class OnnxModule(torch.nn.Module):
         def __init__(self):
@@ -93,7 +95,7 @@ def module_from_onnx(model):
         if op == "Flatten":
             return torch.flatten(x[0], a.get("axis", 1))
         if op == "Reshape":
-            shape = [int(s) for s in consts[ins[1]]]
+            shape = shapes[ins[1]]
             shape = [x[0].shape[i] if s == 0 else s for i, s in enumerate(shape)]
             return torch.reshape(x[0], shape)
         if op == "Gemm":

@@ -289,6 +289,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         f = results_dir / name
         if f.is_file():
             parts.append(f"## {title}\n\n" + fmt(json.loads(f.read_text())))
+    f = results_dir / "gpu.json"
+    if f.is_file():
+        parts.append("## NVIDIA GPU: `python bench/gpu.py` (on the GPU machine)\n\n" + markdown_gpu(json.loads(f.read_text())))
     for f in sorted(results_dir.glob("simd-*.json")):
         res = json.loads(f.read_text())
         parts.append(f"## NEON, shown: `python bench/neon.py` (target `{res['target']}`)\n\n" + markdown_simd(res))
@@ -299,6 +302,38 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     if f.is_file():
         parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))
+
+
+def markdown_gpu(result: dict[str, Any]) -> str:
+    """The table of bench/gpu.py: deploytool vs torch eager / torch.compile / onnxruntime-CUDA."""
+    engines = []
+    for r in result["rows"]:
+        for k in r:
+            if isinstance(r[k], dict) and k not in engines:
+                engines.append(k)
+    head = ["model", "batch", "dtype", "check", *[f"{e} ms" for e in engines], "vs eager", "vs best torch.compile"]
+    lines = [f"GPU: {result['gpu']['name']} ({result['gpu']['arch']}), torch {result['torch']}, {result['date']}.",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in result["rows"]:
+        d = r.get("deploytool", {})
+
+        def ms(e):
+            v = r.get(e, {})
+            return f"{v['median_ms']:.3f}" if "median_ms" in v else "-"
+        dm = d.get("median_ms")
+        eager = r.get("torch_eager", {}).get("median_ms")
+        comp = [v["median_ms"] for k, v in r.items() if k.startswith("torch_compile") and isinstance(v, dict)
+                and "median_ms" in v]
+        chk = d.get("check", d.get("error", "-"))
+        if d.get("tuned_kernels"):
+            chk += f", {d['tuned_kernels']}/{d['kernels']} tuned"
+        lines.append("| " + " | ".join([r["model"], str(r["batch"]), r["dtype"], chk, *[ms(e) for e in engines],
+                                         f"{eager / dm:.2f}x" if dm and eager else "-",
+                                         f"{min(comp) / dm:.2f}x" if dm and comp else "-"]) + " |")
+    lines += ["", "vs eager / vs torch.compile: the other engine's median over deploytool's (above 1: deploytool "
+              "faster). float32 rows: TF32 off."]
+    lines += [f"- {n}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
 
 
 def markdown(result: dict[str, Any]) -> str:
