@@ -153,9 +153,12 @@ def iter_nodes(graph):
 
 
 def supported_op_types() -> set[str]:
+    """TVM's converters, plus the operators deploytool rewrites into them (onnx_passes.DECOMPOSE)."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    return set(_get_convert_map().keys())
+    from deploytool.onnx_passes import DECOMPOSE
+
+    return set(_get_convert_map().keys()) | set(DECOMPOSE)
 
 
 def unsupported_ops(model) -> dict[str, int]:
@@ -420,6 +423,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
             raise ShapeError(f"--bind-input names unknown input(s) {', '.join(unknown)}",
                              f"the model's inputs are: {', '.join(sorted(names))}")
         onnx_passes.bind_inputs(model, bind)
+    onnx_passes.decompose(model, set(onnx_passes.DECOMPOSE))
     info = model_info(model, path)
     # operators TVM lacks (or gets wrong) are replaced by their ONNX function bodies where they have one
     if info.unsupported or onnx_passes.ALWAYS_EXPAND & set(info.op_histogram):

@@ -31,6 +31,9 @@ def specialize(model, inputs: list, bind_shape_operands: bool = False) -> tuple[
     if bind_shape_operands:
         operands = set(shape_operand_inputs(model))
         bind = {vi.name: x for vi, x in feed if vi.name in operands}
+    # A zero-element input carries no data (its shape and dtype say all of it), while TVM's importer
+    # cannot type a zero dim (it becomes a symbolic one that no tensor matches): bind it.
+    bind.update({vi.name: np.asarray(x) for vi, x in feed if np.size(x) == 0})
     shapes = {}
     for vi, x in feed:
         dims = vi.type.tensor_type.shape.dim

@@ -143,6 +143,64 @@ def expand_functions(model, ops: set[str]):
     return model, expanded
 
 
+# ----------------------------------------------------------------------------- our own decompositions
+def _decompose_swish(node, opset, k):
+    """Swish(x; alpha) = x * Sigmoid(alpha * x)."""
+    from onnx import helper, numpy_helper
+
+    alpha = next((a.f for a in node.attribute if a.name == "alpha"), 1.0)
+    x, y = node.input[0], node.output[0]
+    a = numpy_helper.from_array(np.array(alpha, np.float32), f"{y}__swish_alpha{k}")
+    return [helper.make_node("CastLike", [a.name, x], [f"{y}__a{k}"]),
+            helper.make_node("Mul", [x, f"{y}__a{k}"], [f"{y}__ax{k}"]),
+            helper.make_node("Sigmoid", [f"{y}__ax{k}"], [f"{y}__s{k}"]),
+            helper.make_node("Mul", [x, f"{y}__s{k}"], [y])], [a]
+
+
+def _decompose_lpnorm(node, opset, k):
+    """LpNormalization(x; axis, p) = x / ReduceL{p}(x, axis, keepdims=1)."""
+    from onnx import helper, numpy_helper
+
+    attrs = {a.name: a.i for a in node.attribute}
+    axis, p = attrs.get("axis", -1), attrs.get("p", 2)
+    if p not in (1, 2):
+        return None
+    x, y = node.input[0], node.output[0]
+    op = "ReduceL2" if p == 2 else "ReduceL1"
+    if opset >= 18:
+        axes = numpy_helper.from_array(np.array([axis], np.int64), f"{y}__lp_axes{k}")
+        red = helper.make_node(op, [x, axes.name], [f"{y}__n{k}"], keepdims=1)
+        inits = [axes]
+    else:
+        red = helper.make_node(op, [x], [f"{y}__n{k}"], axes=[axis], keepdims=1)
+        inits = []
+    return [red, helper.make_node("Div", [x, f"{y}__n{k}"], [y])], inits
+
+
+# Operators TVM's importer lacks and ONNX gives no function body for, rewritten here into ones it has.
+DECOMPOSE = {"Swish": _decompose_swish, "LpNormalization": _decompose_lpnorm}
+
+
+def decompose(model, ops: set[str]) -> set[str]:
+    """Rewrite top-level nodes of ``ops`` that DECOMPOSE knows, in place; returns the ops rewritten."""
+    opset = _opset(model)
+    done, nodes = set(), []
+    for k, node in enumerate(model.graph.node):
+        fn = DECOMPOSE.get(node.op_type) if node.domain in ("", "ai.onnx") and node.op_type in ops else None
+        out = fn(node, opset, k) if fn else None
+        if out is None:
+            nodes.append(node)
+            continue
+        new_nodes, inits = out
+        nodes.extend(new_nodes)
+        model.graph.initializer.extend(inits)
+        done.add(node.op_type)
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return done
+
+
 def fold_constants(model):
     """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers."""
     from onnx import helper, numpy_helper, shape_inference

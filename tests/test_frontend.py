@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from conftest import make_tiny_model
@@ -39,11 +40,33 @@ def test_import_keeps_original_names_for_io(tmp_path):
 
 
 def test_unsupported_ops_are_listed_all_at_once(tmp_path):
-    p = make_tiny_model(tmp_path / "t.onnx", extra_ops=("LpNormalization", "Det", "LpNormalization", "Celu"))
+    p = make_tiny_model(tmp_path / "t.onnx", extra_ops=("RandomUniformLike", "Det", "RandomUniformLike", "Celu",
+                                                          "LpNormalization"))
     with pytest.raises(UnsupportedOperatorError) as e:
         frontend.import_onnx(p)
-    assert e.value.ops == {"LpNormalization": 2, "Det": 1}  # Celu has a function body: expanded
-    assert "Det, LpNormalization (x2)" in str(e.value)
+    # Celu has a function body (expanded); LpNormalization is decomposed by deploytool
+    assert e.value.ops == {"RandomUniformLike": 2, "Det": 1}
+    assert "Det, RandomUniformLike (x2)" in str(e.value)
+
+
+def test_own_decompositions_match_onnxruntime(tmp_path):
+    """LpNormalization and Swish (no TVM converter, no ONNX function body): rewritten by deploytool."""
+    import deploytool
+    from deploytool.runner import LocalRunner
+    from deploytool.reference import compare, ort_run, ort_session
+
+    p = make_tiny_model(tmp_path / "t.onnx", extra_ops=("LpNormalization", "Swish"))
+    import onnx
+
+    m = onnx.load(p)
+    m.opset_import[0].version = 24  # Swish is opset 24
+    onnx.save(m, p)
+    so = deploytool.compile(p, target="x86", output=tmp_path / "t.so").artifact
+    feed = {"in/img": np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32),
+            "in:bias": np.random.default_rng(1).standard_normal((1, 5)).astype(np.float32)}
+    got = LocalRunner(so).run(feed)
+    ref = ort_run(ort_session(p), feed)
+    assert all(c.ok for c in compare(got, ref, 1e-5))
 
 
 def test_dynamic_dims_need_input_shape(tmp_path):
