@@ -156,9 +156,9 @@ def supported_op_types() -> set[str]:
     """TVM's converters, plus the operators deploytool rewrites into them (onnx_passes.DECOMPOSE)."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from deploytool.onnx_passes import DECOMPOSE
+    from deploytool.onnx_passes import DECOMPOSE, UNROLLED
 
-    return set(_get_convert_map().keys()) | set(DECOMPOSE)
+    return set(_get_convert_map().keys()) | set(DECOMPOSE) | UNROLLED
 
 
 def unsupported_ops(model) -> dict[str, int]:
@@ -436,6 +436,12 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     orig_outputs = [vi.name for vi in model.graph.output]
     model = _upgrade_old_slice(model, info)
     onnx_passes.normalize_constants(model)
+    onnx_passes.unroll_scans(model)
+    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_passes.UNROLLED)
+    if left:
+        raise UnsupportedOperatorError(dict(left), "deploytool unrolls Scan when its sequence length is static and "
+                                       "at most 512 steps with no nested subgraphs: fix the input shapes with "
+                                       "--input-shape, or export the loop unrolled")
     model = onnx_passes.fold_constants(model)
     rewrite_for_import(model)
     mapping = sanitize_names(model)

@@ -201,6 +201,136 @@ def decompose(model, ops: set[str]) -> set[str]:
     return done
 
 
+# ----------------------------------------------------------------------------- unrolling Scan
+_MAX_UNROLL = 512
+UNROLLED = {"Scan"}  # ops deploytool unrolls once input shapes are known (see unroll_scans)
+
+
+def unroll_scans(model) -> int:
+    """Replace every top-level Scan (opset 9+) whose sequence length is static by its body repeated
+    once per step: each step's scan-input slices (Gather at the step), the body inlined with its
+    values renamed, the states threaded through, the per-step outputs stacked (Unsqueeze + Concat).
+    TVM's importer has no Scan; recurrent cells exported as Scan (and ONNX functions whose bodies use
+    it, such as LinearAttention) then import as plain graphs. Returns how many were unrolled."""
+    from onnx import helper, numpy_helper, shape_inference
+
+    opset = _opset(model)
+    if opset < 9 or not any(n.op_type == "Scan" for n in model.graph.node):
+        return 0
+    try:
+        inferred = shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return 0
+    shapes = {}
+    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    for t in model.graph.initializer:
+        shapes[t.name] = list(t.dims)
+    nodes, inits, done = [], [], 0
+    for idx, node in enumerate(model.graph.node):
+        out = _unroll_scan(node, idx, shapes, opset, helper, numpy_helper) if node.op_type == "Scan" and \
+            node.domain in ("", "ai.onnx") else None
+        if out is None:
+            nodes.append(node)
+            continue
+        new_nodes, new_inits = out
+        nodes.extend(new_nodes)
+        inits.extend(new_inits)
+        done += 1
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        model.graph.initializer.extend(inits)
+    return done
+
+
+def _unroll_scan(node, idx, shapes, opset, helper, numpy_helper):
+    attrs = {a.name: a for a in node.attribute}
+    body = attrs["body"].g
+    m = attrs["num_scan_inputs"].i
+    n_state = len(node.input) - m
+    in_axes = list(attrs["scan_input_axes"].ints) if "scan_input_axes" in attrs else [0] * m
+    in_dirs = list(attrs["scan_input_directions"].ints) if "scan_input_directions" in attrs else [0] * m
+    k_out = len(body.output) - n_state
+    out_axes = list(attrs["scan_output_axes"].ints) if "scan_output_axes" in attrs else [0] * k_out
+    out_dirs = list(attrs["scan_output_directions"].ints) if "scan_output_directions" in attrs else [0] * k_out
+    if m == 0 or any(a.g is not None and a.g.node or a.graphs for n in body.node for a in n.attribute):
+        return None  # nested subgraphs: their outer-scope names would need renaming too
+    first = shapes.get(node.input[n_state])
+    if not first:
+        return None
+    ax0 = in_axes[0] % len(first)
+    steps = first[ax0]
+    if not steps or steps > _MAX_UNROLL:
+        return None
+    p = f"{node.output[0] or node.name or 'scan'}__scan{idx}_"
+    nodes, inits = [], []
+    consts = {}
+
+    def const(value, name):
+        if name not in consts:
+            t = numpy_helper.from_array(np.asarray(value, np.int64), p + name)
+            inits.append(t)
+            consts[name] = t.name
+        return consts[name]
+
+    local = {i.name for i in body.input} | {t.name for t in body.initializer}
+    for n in body.node:
+        local.update(o for o in n.output if o)
+    state = list(node.input[:n_state])
+    per_step = [[] for _ in range(k_out)]
+    for t in range(steps):
+        tp = f"{p}t{t}_"
+        ren = {nm: tp + nm for nm in local}
+        for t_init in body.initializer:
+            c = type(t_init)()
+            c.CopyFrom(t_init)
+            c.name = ren[t_init.name]
+            inits.append(c)
+        for i, bi in enumerate(body.input[:n_state]):
+            nodes.append(helper.make_node("Identity", [state[i]], [ren[bi.name]]))
+        for j, bi in enumerate(body.input[n_state:]):
+            rank = len(shapes.get(node.input[n_state + j]) or [None])
+            step = steps - 1 - t if in_dirs[j] else t
+            nodes.append(helper.make_node("Gather", [node.input[n_state + j], const(step, f"i{step}")],
+                                          [ren[bi.name]], axis=in_axes[j] % max(rank, 1)))
+        for n in body.node:
+            c = type(n)()
+            c.CopyFrom(n)
+            c.name = tp + (n.name or "n")
+            c.input[:] = [ren.get(x, x) if x else x for x in n.input]
+            c.output[:] = [ren.get(x, x) if x else x for x in n.output]
+            nodes.append(c)
+        state = [ren[o.name] for o in body.output[:n_state]]
+        for k in range(k_out):
+            per_step[k].append(ren[body.output[n_state + k].name])
+    for i in range(n_state):
+        if node.output[i]:
+            nodes.append(helper.make_node("Identity", [state[i]], [node.output[i]]))
+    for k in range(k_out):
+        name = node.output[n_state + k] if n_state + k < len(node.output) else ""
+        if not name:
+            continue
+        elems = per_step[k][::-1] if out_dirs[k] else per_step[k]
+        axis = out_axes[k]
+        if axis < 0:  # negative axes count from the end of the *output* rank: resolved by shape inference
+            rank = len(shapes.get(name) or [])
+            if not rank:
+                return None
+            axis %= rank
+        ups = []
+        for t, e in enumerate(elems):
+            u = f"{p}u{k}_{t}"
+            if opset >= 13:
+                nodes.append(helper.make_node("Unsqueeze", [e, const([axis], f"ax{axis}")], [u]))
+            else:
+                nodes.append(helper.make_node("Unsqueeze", [e], [u], axes=[axis]))
+            ups.append(u)
+        nodes.append(helper.make_node("Concat", ups, [name], axis=axis))
+    return nodes, inits
+
+
 def fold_constants(model):
     """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers."""
     from onnx import helper, numpy_helper, shape_inference
