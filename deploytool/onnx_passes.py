@@ -368,7 +368,9 @@ def fold_constants(model):
                 try:
                     single = helper.make_model(
                         helper.make_graph([node], "fold", [], [helper.make_tensor_value_info(o, 0, None)
-                                                               for o in node.output if o]),
+                                                               for o in node.output if o],
+                                          initializer=[numpy_helper.from_array(np.asarray(consts[i]), i)
+                                                       for i in dict.fromkeys(node.input) if i]),
                         opset_imports=[helper.make_opsetid("", opset)])
                     ev = ReferenceEvaluator(single)
                     value = ev.run(None, {})
@@ -384,11 +386,15 @@ def fold_constants(model):
                 except StopIteration:
                     value = None
         outs = [o for o in node.output if o]
-        if value is not None and len(value) == len(outs) and not (set(outs) & graph_outputs):
+        if value is not None and len(value) == len(outs):
             for o, v in zip(outs, value):
                 consts[o] = v
-                new_inits.append(numpy_helper.from_array(v, o))
                 shapes[o] = list(v.shape)
+                if o in graph_outputs:  # a graph output stays a node's output: Identity of the constant
+                    new_inits.append(numpy_helper.from_array(v, f"{o}__folded"))
+                    keep_nodes.append(helper.make_node("Identity", [f"{o}__folded"], [o]))
+                else:
+                    new_inits.append(numpy_helper.from_array(v, o))
             continue
         keep_nodes.append(node)
     if not new_inits:
