@@ -156,7 +156,8 @@ def supported_op_types() -> set[str]:
     """TVM's converters, plus the operators deploytool rewrites into them (onnx_passes.DECOMPOSE)."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from deploytool.onnx_passes import DECOMPOSE, UNROLLED
+    from deploytool.onnx_passes import DECOMPOSE
+    from deploytool.onnx_unroll import UNROLLED
 
     return set(_get_convert_map().keys()) | set(DECOMPOSE) | UNROLLED
 
@@ -413,7 +414,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
                 bind: dict[str, Any] | None = None) -> ImportedModel:
     """Load, validate, fix shapes, sanitize names and import to Relax. ``bind`` makes inputs
     constants with the given values (compile-time specialization of shape/axes inputs)."""
-    from deploytool import onnx_passes
+    from deploytool import onnx_passes, onnx_unroll
 
     model = load_onnx(path)
     if bind:
@@ -436,11 +437,12 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     orig_outputs = [vi.name for vi in model.graph.output]
     model = _upgrade_old_slice(model, info)
     onnx_passes.normalize_constants(model)
-    onnx_passes.unroll_scans(model)
-    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_passes.UNROLLED)
+    onnx_unroll.unroll(model)
+    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_unroll.UNROLLED)
     if left:
-        raise UnsupportedOperatorError(dict(left), "deploytool unrolls Scan when its sequence length is static and "
-                                       "at most 512 steps with no nested subgraphs: fix the input shapes with "
+        raise UnsupportedOperatorError(dict(left), "deploytool unrolls Scan/LSTM/GRU/RNN when the sequence length "
+                                       f"is static (at most {onnx_unroll.MAX_UNROLL} steps; Scan without nested "
+                                       "subgraphs, no per-sequence lengths in reverse): fix the input shapes with "
                                        "--input-shape, or export the loop unrolled")
     model = onnx_passes.fold_constants(model)
     rewrite_for_import(model)
