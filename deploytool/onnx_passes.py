@@ -201,6 +201,39 @@ def decompose(model, ops: set[str]) -> set[str]:
     return done
 
 
+_FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
+
+
+def _pow_needs_cast(node, elem) -> bool:
+    """TVM's Pow wants one float type for base and exponent; ONNX allows an integer base and mixed
+    types (the result has the base's type)."""
+    tb, te = elem.get(node.input[0]), elem.get(node.input[1])
+    return tb is not None and te is not None and (tb != te or tb not in _FLOATS)
+
+
+def _pow_in_float(node, elem) -> list:
+    """Pow computed in the base's float type (double for integer bases), cast back to the base type."""
+    from onnx import TensorProto, helper
+
+    tb = elem[node.input[0]]
+    ft = tb if tb in _FLOATS else TensorProto.DOUBLE
+    y = node.output[0]
+    nodes = []
+    x = node.input[0]
+    if ft != tb:
+        nodes.append(helper.make_node("Cast", [x], [f"{y}__powb"], to=ft))
+        x = f"{y}__powb"
+    nodes.append(helper.make_node("Cast", [node.input[1]], [f"{y}__powe"], to=ft))
+    if ft != tb:
+        nodes.append(helper.make_node("Pow", [x, f"{y}__powe"], [f"{y}__powf"]))
+        # integer results: round first (pow in floating point can land just below an integer)
+        nodes.append(helper.make_node("Round", [f"{y}__powf"], [f"{y}__powr"]))
+        nodes.append(helper.make_node("Cast", [f"{y}__powr"], [y], to=tb))
+    else:
+        nodes.append(helper.make_node("Pow", [x, f"{y}__powe"], [y]))
+    return nodes
+
+
 def fold_constants(model):
     """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers."""
     from onnx import helper, numpy_helper, shape_inference
@@ -220,14 +253,39 @@ def fold_constants(model):
             dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
             if all(d is not None for d in dims):
                 shapes[vi.name] = dims
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.value_info) + list(g.output)
+            if vi.type.WhichOneof("value") == "tensor_type"}
+    elem.update({t.name: t.data_type for t in g.initializer})
     graph_outputs = {o.name for o in g.output}
     keep_nodes = []
     new_inits = []
+    rewritten = False
     opset = _opset(model)
     for node in g.node:
         value = None
+        if (node.op_type == "OneHot" and len(node.input) > 1 and node.input[1] in consts
+                and consts[node.input[1]].dtype.kind == "f"):  # a float depth: TVM's converter wants an int
+            name = f"{node.input[1]}__int64"
+            if name not in consts:
+                consts[name] = np.asarray(consts[node.input[1]]).astype(np.int64)
+                new_inits.append(numpy_helper.from_array(consts[name], name))
+            node.input[1] = name
+            rewritten = True
+        if node.op_type == "OneHot" and elem.get(node.input[0]) in _FLOATS:  # float indices: TVM wants ints
+            cast = f"{node.input[0]}__int64"
+            keep_nodes.append(helper.make_node("Cast", [node.input[0]], [cast], to=7))
+            node.input[0] = cast
+            rewritten = True
+        if node.op_type == "Pow" and node.domain in ("", "ai.onnx") and _pow_needs_cast(node, elem):
+            keep_nodes.extend(_pow_in_float(node, elem))
+            rewritten = True
+            continue
         if node.domain in ("", "ai.onnx") and not any(a.g.node for a in node.attribute if a.g is not None):
-            if node.op_type == "Shape" and node.input[0] in shapes:
+            if node.op_type == "EyeLike" and node.input[0] in shapes and len(shapes[node.input[0]]) == 2:
+                attrs = {a.name: a.i for a in node.attribute}
+                dtype = helper.tensor_dtype_to_np_dtype(attrs.get("dtype") or elem.get(node.input[0], 1))
+                value = [np.eye(*shapes[node.input[0]], k=attrs.get("k", 0), dtype=dtype)]
+            elif node.op_type == "Shape" and node.input[0] in shapes:
                 attrs = {a.name: a.i for a in node.attribute}
                 value = [np.array(shapes[node.input[0]][attrs.get("start", 0):attrs.get("end")], np.int64)]
             elif node.op_type == "Size" and node.input[0] in shapes:
@@ -267,7 +325,7 @@ def fold_constants(model):
                     new_inits.append(numpy_helper.from_array(v, o))
             continue
         keep_nodes.append(node)
-    if not new_inits:
+    if not new_inits and not rewritten:
         return model
     del g.node[:]
     g.node.extend(keep_nodes)
@@ -306,6 +364,8 @@ SHAPE_OPERANDS = {
     ("HammingWindow", 0), ("MelWeightMatrix", 0), ("MelWeightMatrix", 1), ("MelWeightMatrix", 2),
     ("Trilu", 1), ("RoiAlign", 2), ("NonMaxSuppression", 2), ("NonMaxSuppression", 3),
     ("NonMaxSuppression", 4), ("Compress", 1), ("Einsum", 99),
+    # not a shape, but TVM's importer wants OneHot's [off, on] values constant, and models carry them so
+    ("OneHot", 2),
 }
 
 
