@@ -49,6 +49,12 @@ def ensure_compiler() -> str:
         raise ToolchainError("compiling for CUDA needs NVRTC and the CUDA headers, and neither a CUDA toolkit nor "
                              "NVIDIA's pip wheels were found", INSTALL_HINT)
     os.environ["CUDA_PATH"] = root
+    # TVM passes NVRTC <root>/include and <root>/targets/<arch>/include(/cccl); the pip wheels keep
+    # CCCL (cuda/std/...) in <root>/include/cccl instead
+    cccl = Path(root) / "include" / "cccl"
+    extra = os.environ.get("TVM_CUDA_NVRTC_EXTRA_OPTS", "")
+    if (cccl / "cuda" / "std").is_dir() and str(cccl) not in extra:
+        os.environ["TVM_CUDA_NVRTC_EXTRA_OPTS"] = f"{extra} -I{cccl}".strip()
     try:
         from cuda.bindings import nvrtc  # noqa: F401
     except ImportError:
