@@ -427,7 +427,8 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     onnx_passes.decompose(model, set(onnx_passes.DECOMPOSE))
     info = model_info(model, path)
     # operators TVM lacks (or gets wrong) are replaced by their ONNX function bodies where they have one
-    if info.unsupported or onnx_passes.ALWAYS_EXPAND & set(info.op_histogram):
+    if (info.unsupported or onnx_passes.ALWAYS_EXPAND & set(info.op_histogram)
+            or any(onnx_passes.needs_expansion(n) for n in model.graph.node)):
         model, _ = onnx_passes.expand_functions(model, set(info.unsupported))
         remaining = unsupported_ops(model)
         if remaining:

@@ -23,6 +23,12 @@ log = logging.getLogger(__name__)
 EXPAND_DOMAIN = "deploytool.expand"
 # Converters in TVM 0.27 that fail or give wrong results although the op has a function body.
 ALWAYS_EXPAND = {"Attention"}
+
+
+def needs_expansion(node) -> bool:
+    """Nodes TVM converts wrongly in one form only: LayerNormalization's optional Mean and
+    InvStdDev outputs come out wrong (their shapes too), so a node that uses them is expanded."""
+    return node.op_type == "LayerNormalization" and sum(1 for o in node.output if o) > 1
 _MAX_FOLD_ELEMENTS = 1 << 20
 
 
@@ -96,13 +102,33 @@ def _function_body(node, opset: int, value_types: dict):
     return None
 
 
+def _add_default_attributes(node, opset: int) -> None:
+    """Write the schema's default values of attributes the node leaves out onto it: a function body
+    refers to its attributes by name, and onnx's inliner leaves a reference to an absent attribute
+    unresolved (a Cast without 'to', a Constant without a value)."""
+    import onnx
+
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:
+        return
+    have = {a.name for a in node.attribute}
+    for name, attr in schema.attributes.items():
+        if name not in have and attr.default_value is not None and attr.default_value.name:
+            a = onnx.AttributeProto()
+            a.CopyFrom(attr.default_value)
+            a.name = name
+            node.attribute.append(a)
+
+
 def expand_functions(model, ops: set[str]):
     """Expand every top-level node whose op_type is in ``ops`` (or ALWAYS_EXPAND) into its schema's
     function body. Returns the new model and the ops it expanded."""
     import onnx
     from onnx import helper, inliner, shape_inference
 
-    targets = [n for n in model.graph.node if n.domain in ("", "ai.onnx") and (n.op_type in ops or n.op_type in ALWAYS_EXPAND)]
+    targets = [n for n in model.graph.node if n.domain in ("", "ai.onnx")
+               and (n.op_type in ops or n.op_type in ALWAYS_EXPAND or needs_expansion(n))]
     if not targets:
         return model, set()
     try:
@@ -116,6 +142,7 @@ def expand_functions(model, ops: set[str]):
     opset = _opset(model)
     expanded = set()
     for i, node in enumerate(targets):
+        _add_default_attributes(node, opset)
         body = _function_body(node, opset, value_types)
         if body is None:
             continue
@@ -177,8 +204,25 @@ def _decompose_lpnorm(node, opset, k):
     return [red, helper.make_node("Div", [x, f"{y}__n{k}"], [y])], inits
 
 
-# Operators TVM's importer lacks and ONNX gives no function body for, rewritten here into ones it has.
-DECOMPOSE = {"Swish": _decompose_swish, "LpNormalization": _decompose_lpnorm}
+def _decompose_hyperbolic(node, opset, k):
+    """Sinh/Cosh(x) = (exp(x) -/+ exp(-x)) / 2 (TVM imports them, but its CPU codegen has no intrinsic)."""
+    from onnx import helper, numpy_helper
+
+    x, y = node.input[0], node.output[0]
+    half = numpy_helper.from_array(np.array(0.5, np.float32), f"{y}__half{k}")
+    combine = "Sub" if node.op_type == "Sinh" else "Add"
+    return [helper.make_node("Exp", [x], [f"{y}__ep{k}"]),
+            helper.make_node("Neg", [x], [f"{y}__nx{k}"]),
+            helper.make_node("Exp", [f"{y}__nx{k}"], [f"{y}__en{k}"]),
+            helper.make_node(combine, [f"{y}__ep{k}", f"{y}__en{k}"], [f"{y}__s{k}"]),
+            helper.make_node("CastLike", [half.name, x], [f"{y}__h{k}"]),
+            helper.make_node("Mul", [f"{y}__s{k}", f"{y}__h{k}"], [y])], [half]
+
+
+# Operators rewritten here into ones TVM imports and compiles: ones its importer lacks with no ONNX
+# function body, and ones it imports but cannot compile for CPUs.
+DECOMPOSE = {"Swish": _decompose_swish, "LpNormalization": _decompose_lpnorm, "Sinh": _decompose_hyperbolic,
+             "Cosh": _decompose_hyperbolic}
 
 
 def decompose(model, ops: set[str]) -> set[str]:
@@ -234,8 +278,19 @@ def _pow_in_float(node, elem) -> list:
     return nodes
 
 
-def fold_constants(model):
-    """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers."""
+def fold_constants(model, rounds: int = 4):
+    """Shape inference, then fold Shape/Size of static shapes and all-constant nodes into initializers;
+    repeated (up to ``rounds`` times) while it folds something: a folded value can make another
+    tensor's shape static (Pad with folded pads, then Shape of its output)."""
+    for _ in range(rounds):
+        before = len(model.graph.node)
+        model = _fold_once(model)
+        if len(model.graph.node) >= before:
+            break
+    return model
+
+
+def _fold_once(model):
     from onnx import helper, numpy_helper, shape_inference
     from onnx.reference import ReferenceEvaluator
 
@@ -370,15 +425,28 @@ SHAPE_OPERANDS = {
 
 
 def shape_operand_inputs(model) -> list[str]:
-    """Graph inputs that feed a shape/axes/size operand (see SHAPE_OPERANDS), directly or through
-    Cast/Identity/Concat of such inputs."""
-    inputs = {vi.name for vi in model.graph.input} - {t.name for t in model.graph.initializer}
-    found = []
+    """Graph inputs whose values decide a shape/axes/size operand (see SHAPE_OPERANDS): directly, or
+    through any computation on their values (Cast, Sub, Div, Concat...), but not through Shape/Size,
+    which read only a tensor's shape."""
+    inputs = [vi.name for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
+    producer = {}
+    for node in _all_nodes(model.graph):
+        for o in node.output:
+            producer[o] = node
+    wanted, stack = set(), []
     for node in _all_nodes(model.graph):
         for i, name in enumerate(node.input):
-            if name in inputs and (node.op_type, i) in SHAPE_OPERANDS and name not in found:
-                found.append(name)
-    return found
+            if name and (node.op_type, i) in SHAPE_OPERANDS:
+                stack.append(name)
+    while stack:
+        v = stack.pop()
+        if v in wanted:
+            continue
+        wanted.add(v)
+        p = producer.get(v)
+        if p is not None and p.op_type not in ("Shape", "Size"):
+            stack.extend(x for x in p.input if x)
+    return [n for n in inputs if n in wanted]
 
 
 def bind_inputs(model, values: dict[str, np.ndarray]) -> None:
