@@ -219,10 +219,54 @@ def _decompose_hyperbolic(node, opset, k):
             helper.make_node("Mul", [f"{y}__s{k}", f"{y}__h{k}"], [y])], [half]
 
 
+def _decompose_cumprod(node, opset, k):
+    """CumProd(x, axis) = exp(CumSum(log|x|)) with the sign from the parity of CumSum(x < 0); a zero
+    gives log 0 = -inf, so exp(-inf) = 0 from there on. Computed in double, cast back to x's type
+    (rounded for integers). exclusive/reverse carry over to CumSum unchanged."""
+    from onnx import helper
+
+    if opset < 14:
+        return None
+    x, axis, y = node.input[0], node.input[1], node.output[0]
+    attrs = {a.name: a.i for a in node.attribute}
+    n = lambda tag: f"{y}__cp{tag}{k}"  # noqa: E731
+    cs = dict(exclusive=attrs.get("exclusive", 0), reverse=attrs.get("reverse", 0))
+    nodes = [
+        helper.make_node("Cast", [x], [n("d")], to=11),
+        helper.make_node("Abs", [n("d")], [n("a")]),
+        helper.make_node("Log", [n("a")], [n("l")]),
+        helper.make_node("CumSum", [n("l"), axis], [n("s")], **cs),
+        helper.make_node("Exp", [n("s")], [n("m")]),
+        helper.make_node("Constant", [], [n("zero")], value=helper.make_tensor("z", 11, [], [0.0])),
+        helper.make_node("Constant", [], [n("one")], value=helper.make_tensor("o", 11, [], [1.0])),
+        helper.make_node("Constant", [], [n("two")], value=helper.make_tensor("t", 11, [], [2.0])),
+        helper.make_node("Less", [n("d"), n("zero")], [n("neg")]),
+        helper.make_node("Cast", [n("neg")], [n("negd")], to=11),
+        helper.make_node("CumSum", [n("negd"), axis], [n("cnt")], **cs),
+        helper.make_node("Div", [n("cnt"), n("two")], [n("half")]),
+        helper.make_node("Floor", [n("half")], [n("fl")]),
+        helper.make_node("Mul", [n("fl"), n("two")], [n("even")]),
+        helper.make_node("Sub", [n("cnt"), n("even")], [n("odd")]),       # 0 or 1
+        helper.make_node("Mul", [n("odd"), n("two")], [n("odd2")]),
+        helper.make_node("Sub", [n("one"), n("odd2")], [n("sign")]),      # +1 or -1
+        helper.make_node("Mul", [n("m"), n("sign")], [n("p")]),
+        helper.make_node("Round", [n("p")], [n("r")]),
+        # integers take the rounded product, floats the product itself: 0.5 cast to x's type is 0
+        # exactly for integer types
+        helper.make_node("Constant", [], [n("h")], value=helper.make_tensor("h", 11, [], [0.5])),
+        helper.make_node("CastLike", [n("h"), x], [n("hx")]),
+        helper.make_node("Cast", [n("hx")], [n("hd")], to=11),
+        helper.make_node("Equal", [n("hd"), n("zero")], [n("isint")]),
+        helper.make_node("Where", [n("isint"), n("r"), n("p")], [n("pick")]),
+        helper.make_node("CastLike", [n("pick"), x], [y]),
+    ]
+    return nodes, []
+
+
 # Operators rewritten here into ones TVM imports and compiles: ones its importer lacks with no ONNX
 # function body, and ones it imports but cannot compile for CPUs.
 DECOMPOSE = {"Swish": _decompose_swish, "LpNormalization": _decompose_lpnorm, "Sinh": _decompose_hyperbolic,
-             "Cosh": _decompose_hyperbolic}
+             "Cosh": _decompose_hyperbolic, "CumProd": _decompose_cumprod}
 
 
 def decompose(model, ops: set[str]) -> set[str]:
@@ -410,7 +454,7 @@ def prepare(model, unsupported: set[str]):
 SHAPE_OPERANDS = {
     ("Reshape", 1), ("Unsqueeze", 1), ("Squeeze", 1), ("Expand", 1), ("Tile", 1), ("ConstantOfShape", 0),
     ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4), ("Pad", 1), ("Pad", 2), ("Pad", 3),
-    ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("TopK", 1), ("Split", 1), ("CumSum", 1),
+    ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("TopK", 1), ("Split", 1), ("CumSum", 1), ("CumProd", 1),
     ("OneHot", 1), ("Range", 0), ("Range", 1), ("Range", 2), ("ReduceSum", 1), ("ReduceMean", 1),
     ("ReduceMax", 1), ("ReduceMin", 1), ("ReduceProd", 1), ("ReduceL1", 1), ("ReduceL2", 1),
     ("ReduceLogSum", 1), ("ReduceLogSumExp", 1), ("ReduceSumSquare", 1), ("CenterCropPad", 1),
