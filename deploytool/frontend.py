@@ -425,6 +425,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
                              f"the model's inputs are: {', '.join(sorted(names))}")
         onnx_passes.bind_inputs(model, bind)
     onnx_passes.decompose(model, set(onnx_passes.DECOMPOSE))
+    onnx_passes.widen_subbyte_io(model)
     info = model_info(model, path)
     # operators TVM lacks (or gets wrong) are replaced by their ONNX function bodies where they have one
     if (info.unsupported or onnx_passes.ALWAYS_EXPAND & set(info.op_histogram)

@@ -76,7 +76,9 @@ def run_vm(vm, inputs: list) -> list:
     import tvm
 
     # np.asarray(order="C") keeps 0-d inputs 0-d (np.ascontiguousarray makes them 1-d)
-    r = vm["main"](*[tvm.runtime.tensor(np.asarray(x, order="C")) for x in inputs])
+    from deploytool.onnx_passes import widen_subbyte_array
+
+    r = vm["main"](*[tvm.runtime.tensor(np.asarray(widen_subbyte_array(x), order="C")) for x in inputs])
     return [r.numpy()] if hasattr(r, "numpy") else [x.numpy() for x in r]
 
 

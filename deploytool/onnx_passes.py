@@ -448,6 +448,64 @@ def prepare(model, unsupported: set[str]):
     return model, expanded
 
 
+# ----------------------------------------------------------------------------- sub-byte interfaces
+# 4- and 2-bit integers (ONNX UINT4, INT4, UINT2, INT2) -> the byte type that carries them.
+SUBBYTE_CARRIER = {21: 2, 22: 3, 25: 2, 26: 3}  # -> UINT8 / INT8
+
+
+def widen_subbyte_io(model) -> dict[str, str]:
+    """TVM's runtime cannot hold 2/4-bit tensors at its boundary (its tensors need whole bytes), while
+    kernels compute with them fine. Graph inputs and outputs of those types become int8/uint8 in the
+    model's interface, with a Cast to/from the narrow type right inside; returns {name: narrow dtype}.
+    Runners widen such arrays on the way in (the values are the same numbers)."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    changed = {}
+    new_nodes = []
+    for vi in g.input:
+        tt = vi.type.tensor_type
+        if vi.name in inits or tt.elem_type not in SUBBYTE_CARRIER:
+            continue
+        narrow = tt.elem_type
+        inner = f"{vi.name}__narrow"
+        for node in _all_nodes(g):
+            node.input[:] = [inner if x == vi.name else x for x in node.input]
+        new_nodes.append(helper.make_node("Cast", [vi.name], [inner], to=narrow))
+        tt.elem_type = SUBBYTE_CARRIER[narrow]
+        changed[vi.name] = TensorProto.DataType.Name(narrow).lower()
+    out_casts = []
+    for vi in g.output:
+        tt = vi.type.tensor_type
+        if tt.elem_type not in SUBBYTE_CARRIER:
+            continue
+        narrow = tt.elem_type
+        inner = f"{vi.name}__narrow"
+        for node in _all_nodes(g):
+            node.output[:] = [inner if x == vi.name else x for x in node.output]
+            node.input[:] = [inner if x == vi.name else x for x in node.input]
+        out_casts.append(helper.make_node("Cast", [inner], [vi.name], to=SUBBYTE_CARRIER[narrow]))
+        tt.elem_type = SUBBYTE_CARRIER[narrow]
+        changed[vi.name] = TensorProto.DataType.Name(narrow).lower()
+    if changed:
+        nodes = new_nodes + list(g.node) + out_casts
+        del g.node[:]
+        g.node.extend(nodes)
+    return changed
+
+
+def widen_subbyte_array(x):
+    """A numpy array of a 2/4-bit ml_dtypes type as int8/uint8 (same values); others unchanged."""
+    x = np.asarray(x)
+    name = x.dtype.name
+    if name in ("int4", "int2"):
+        return x.astype(np.int8)
+    if name in ("uint4", "uint2"):
+        return x.astype(np.uint8)
+    return x
+
+
 # ----------------------------------------------------------------------------- binding inputs to values
 # Operand slots that hold shapes, axes, sizes or counts: (op_type, input index). An input feeding
 # one of these is what TVM's importer wants as a constant.

@@ -99,7 +99,11 @@ class _VMRunner:
         import tvm
 
         # np.asarray(order="C") keeps 0-d inputs 0-d (np.ascontiguousarray makes them 1-d)
-        return [tvm.runtime.tensor(np.asarray(inputs[s.name], order="C"), self.device) for s in self.artifact.inputs]
+        from deploytool.onnx_passes import widen_subbyte_array
+
+        # 2/4-bit integer inputs travel as int8/uint8 (see onnx_passes.widen_subbyte_io)
+        return [tvm.runtime.tensor(np.asarray(widen_subbyte_array(inputs[s.name]), order="C"), self.device)
+                for s in self.artifact.inputs]
 
     def _collect(self, result) -> dict[str, np.ndarray]:
         outs = self.artifact.outputs
