@@ -451,6 +451,7 @@ def prepare(model, unsupported: set[str]):
 # ----------------------------------------------------------------------------- sub-byte interfaces
 # 4- and 2-bit integers (ONNX UINT4, INT4, UINT2, INT2) -> the byte type that carries them.
 SUBBYTE_CARRIER = {21: 2, 22: 3, 25: 2, 26: 3}  # -> UINT8 / INT8
+MINIFLOATS = {17, 18, 19, 20, 23, 24}  # FLOAT8E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, FLOAT4E2M1, FLOAT8E8M0
 
 
 def widen_subbyte_io(model) -> dict[str, str]:
@@ -488,21 +489,120 @@ def widen_subbyte_io(model) -> dict[str, str]:
         out_casts.append(helper.make_node("Cast", [inner], [vi.name], to=SUBBYTE_CARRIER[narrow]))
         tt.elem_type = SUBBYTE_CARRIER[narrow]
         changed[vi.name] = TensorProto.DataType.Name(narrow).lower()
-    if changed:
+    # 8- and 4-bit floats (no TVM codegen at all): an input that only feeds Cast/CastLike is carried
+    # as float32 (every such value is exact in float32), so the Cast out of it becomes a float cast
+    for vi in g.input:
+        tt = vi.type.tensor_type
+        if vi.name in inits or tt.elem_type not in MINIFLOATS:
+            continue
+        users = [n for n in _all_nodes(g) if vi.name in n.input]
+        if users and all(n.op_type in ("Cast", "CastLike") and n.input[0] == vi.name for n in users):
+            changed[vi.name] = TensorProto.DataType.Name(tt.elem_type).lower()
+            tt.elem_type = TensorProto.FLOAT
+    # ... and a graph output cast to one of them is computed as its value in float32: rounded to the
+    # narrow format's grid (round half to even), with its overflow, infinity and NaN rules
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)}
+    types.update({t.name: t.data_type for t in g.initializer})
+    replaced = {}
+    for vi in g.output:
+        tt = vi.type.tensor_type
+        if tt.elem_type not in MINIFLOAT_FORMATS:
+            continue
+        node = next((n for n in g.node if vi.name in n.output), None)
+        if node is None or node.op_type not in ("Cast", "CastLike"):
+            continue
+        saturate = next((a.i for a in node.attribute if a.name == "saturate"), 1)
+        replaced[id(node)] = _minifloat_round(node.input[0], vi.name, tt.elem_type, saturate)
+        changed[vi.name] = TensorProto.DataType.Name(tt.elem_type).lower()
+        tt.elem_type = TensorProto.FLOAT
+    if replaced:
+        nodes = []
+        for n in g.node:
+            nodes.extend(replaced.get(id(n), [n]))
+        del g.node[:]
+        g.node.extend(nodes)
+    if new_nodes or out_casts:
         nodes = new_nodes + list(g.node) + out_casts
         del g.node[:]
         g.node.extend(nodes)
     return changed
 
 
+# format -> (mantissa bits, smallest normal exponent, largest finite value, has inf, has -0)
+MINIFLOAT_FORMATS = {17: (3, -6, 448.0, False, True), 18: (3, -7, 240.0, False, False),
+                     19: (2, -14, 57344.0, True, True), 20: (2, -15, 57344.0, False, False),
+                     23: (1, 0, 6.0, False, True)}
+
+
+def _minifloat_round(x: str, y: str, fmt: int, saturate: int) -> list:
+    """Nodes computing ``y`` = ``x`` rounded to the float8/float4 format ``fmt``, as float32 values:
+    exponent e = floor(log2|x|) (corrected where the log rounds), clamped to the smallest normal
+    exponent (subnormals); quantum 2^(e - mantissa bits); Round (half to even) of |x| / quantum.
+    Beyond the largest finite value, infinities included: saturate -> +-max, else inf where the
+    format has one, else NaN (float4 always saturates); NaN stays NaN (float4: 0). These are the
+    rules of ONNX's reference implementation, which the node tests check."""
+    from onnx import helper
+
+    m, emin, vmax, has_inf, _ = MINIFLOAT_FORMATS[fmt]
+    p = f"{y}__mf"
+    c = lambda name, v: helper.make_node("Constant", [], [p + name], value=helper.make_tensor(p + name + "_t", 1, [], [v]))  # noqa: E731,E501
+    nd = helper.make_node
+    nodes = [
+        nd("Cast", [x], [p + "x"], to=1),
+        c("ln2", float(np.log(2.0))), c("two", 2.0), c("one", 1.0), c("emin", float(emin)), c("m", float(m)),
+        c("max", vmax), c("nan", float("nan")), c("inf", float("inf")), c("zero", 0.0),
+        nd("Abs", [p + "x"], [p + "a"]),
+        nd("Log", [p + "a"], [p + "la"]),
+        nd("Div", [p + "la", p + "ln2"], [p + "l2"]),
+        nd("Floor", [p + "l2"], [p + "e0"]),
+        nd("Max", [p + "e0", p + "emin"], [p + "e1"]),                      # also catches log(0) = -inf
+        nd("Pow", [p + "two", p + "e1"], [p + "pe"]),
+        nd("Greater", [p + "pe", p + "a"], [p + "hi"]),                     # log rounded up: e one less
+        nd("Cast", [p + "hi"], [p + "hif"], to=1),
+        nd("Sub", [p + "e1", p + "hif"], [p + "e2"]),
+        nd("Add", [p + "e2", p + "one"], [p + "e2n"]),
+        nd("Pow", [p + "two", p + "e2n"], [p + "pn"]),
+        nd("LessOrEqual", [p + "pn", p + "a"], [p + "lo"]),                 # log rounded down: e one more
+        nd("Cast", [p + "lo"], [p + "lof"], to=1),
+        nd("Add", [p + "e2", p + "lof"], [p + "e3"]),
+        nd("Max", [p + "e3", p + "emin"], [p + "e"]),
+        nd("Sub", [p + "e", p + "m"], [p + "qe"]),
+        nd("Pow", [p + "two", p + "qe"], [p + "q"]),
+        nd("Div", [p + "a", p + "q"], [p + "aq"]),
+        nd("Round", [p + "aq"], [p + "r0"]),
+        nd("Mul", [p + "r0", p + "q"], [p + "r"]),
+        nd("Greater", [p + "r", p + "max"], [p + "over"]),
+    ]
+    if saturate or fmt == 23:
+        big = p + "max"
+    else:
+        big = p + ("inf" if has_inf else "nan")
+    nodes += [nd("Where", [p + "over", big, p + "r"], [p + "rs"])]
+    inf_to = p + ("max" if saturate or fmt == 23 else ("inf" if has_inf else "nan"))
+    nan_to = p + ("zero" if fmt == 23 else "nan")  # float4 has no NaN: the reference maps it to (-)0
+    nodes += [
+        nd("IsInf", [p + "x"], [p + "isinf"]),
+        nd("Where", [p + "isinf", inf_to, p + "rs"], [p + "ri"]),
+        nd("Less", [p + "x", p + "zero"], [p + "neg"]),
+        nd("Neg", [p + "ri"], [p + "rn"]),
+        nd("Where", [p + "neg", p + "rn", p + "ri"], [p + "sgn"]),
+        nd("IsNaN", [p + "x"], [p + "isnan"]),
+        nd("Where", [p + "isnan", nan_to, p + "sgn"], [y]),
+    ]
+    return nodes
+
+
 def widen_subbyte_array(x):
-    """A numpy array of a 2/4-bit ml_dtypes type as int8/uint8 (same values); others unchanged."""
+    """A numpy array of a 2/4-bit ml_dtypes integer type as int8/uint8, of an 8/4-bit float type as
+    float32 (same values); others unchanged."""
     x = np.asarray(x)
     name = x.dtype.name
     if name in ("int4", "int2"):
         return x.astype(np.int8)
     if name in ("uint4", "uint2"):
         return x.astype(np.uint8)
+    if name.startswith(("float8_", "float4_")):
+        return x.astype(np.float32)
     return x
 
 
