@@ -157,9 +157,9 @@ def supported_op_types() -> set[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
     from deploytool.onnx_passes import DECOMPOSE
-    from deploytool.onnx_unroll import UNROLLED
+    from deploytool.onnx_unroll import INLINED, UNROLLED
 
-    return set(_get_convert_map().keys()) | set(DECOMPOSE) | UNROLLED
+    return set(_get_convert_map().keys()) | set(DECOMPOSE) | UNROLLED | INLINED
 
 
 def unsupported_ops(model) -> dict[str, int]:
@@ -447,6 +447,11 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
                                        "subgraphs, no per-sequence lengths in reverse): fix the input shapes with "
                                        "--input-shape, or export the loop unrolled")
     model = onnx_passes.fold_constants(model)
+    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_unroll.INLINED)
+    if left:
+        raise UnsupportedOperatorError(dict(left), "deploytool inlines If when its condition is known at compile "
+                                       "time; bind the inputs it depends on (--bind-input), or export the model "
+                                       "without data-dependent branches")
     rewrite_for_import(model)
     mapping = sanitize_names(model)
 

@@ -327,11 +327,24 @@ def fold_constants(model, rounds: int = 4):
     repeated (up to ``rounds`` times) while it folds something: a folded value can make another
     tensor's shape static (Pad with folded pads, then Shape of its output)."""
     for _ in range(rounds):
-        before = len(model.graph.node)
+        before = (len(model.graph.node), sum(n.op_type == "If" for n in model.graph.node))
         model = _fold_once(model)
-        if len(model.graph.node) >= before:
+        if (len(model.graph.node), sum(n.op_type == "If" for n in model.graph.node)) >= before:
             break
     return model
+
+
+def _inline_if(node, cond) -> list:
+    """The branch an If with a constant condition takes, as plain nodes (its outputs bound to the
+    If's through Identity). Branch-local initializers become Constant nodes."""
+    from onnx import helper
+
+    branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(np.asarray(cond).reshape(-1)[0])
+                                                                       else "else_branch"))
+    nodes = [helper.make_node("Constant", [], [t.name], value=t) for t in branch.initializer]
+    nodes += list(branch.node)
+    nodes += [helper.make_node("Identity", [bo.name], [o]) for bo, o in zip(branch.output, node.output) if o]
+    return nodes
 
 
 def _fold_once(model):
@@ -362,6 +375,10 @@ def _fold_once(model):
     opset = _opset(model)
     for node in g.node:
         value = None
+        if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in consts:
+            keep_nodes.extend(_inline_if(node, consts[node.input[0]]))  # folded further next round
+            rewritten = True
+            continue
         if (node.op_type == "OneHot" and len(node.input) > 1 and node.input[1] in consts
                 and consts[node.input[1]].dtype.kind == "f"):  # a float depth: TVM's converter wants an int
             name = f"{node.input[1]}__int64"

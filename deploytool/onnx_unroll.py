@@ -11,6 +11,8 @@ import numpy as np
 
 MAX_UNROLL = 512
 UNROLLED = {"Scan", "LSTM", "GRU", "RNN"}
+# If with a condition that folds to a constant is replaced by its branch (onnx_passes.fold_constants)
+INLINED = {"If"}
 
 
 def _opset(model) -> int:

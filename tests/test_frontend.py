@@ -110,3 +110,43 @@ def test_bad_files(tmp_path):
     cut.write_bytes(good[: len(good) // 2])
     with pytest.raises(ModelError, match="truncated"):
         frontend.load_onnx(cut)
+
+
+def test_if_with_a_constant_condition_is_inlined(tmp_path):
+    """An If whose condition is known at compile time (an exporter's constant, or a bound input) is
+    replaced by the branch it takes; one depending on data is a one-line error."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import deploytool
+    from deploytool.reference import compare, ort_run, ort_session
+    from deploytool.runner import LocalRunner
+
+    def branch(op, name):
+        return helper.make_graph([helper.make_node(op, ["x"], [f"{name}_y"])], name, [],
+                                 [helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [2, 3])])
+
+    def model(cond_is_input: bool):
+        nodes = [helper.make_node("If", ["c"], ["y"], then_branch=branch("Relu", "then"),
+                                  else_branch=branch("Sigmoid", "else"))]
+        inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])]
+        inits = []
+        if cond_is_input:
+            inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
+        else:
+            inits.append(numpy_helper.from_array(np.array(False), "c"))
+        g = helper.make_graph(nodes, "if", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+                              initializer=inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return m
+
+    p = tmp_path / "if.onnx"
+    onnx.save(model(False), p)
+    so = deploytool.compile(p, target="x86", output=tmp_path / "if.so").artifact
+    feed = {"x": np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)}
+    assert all(c.ok for c in compare(LocalRunner(so).run(feed), ort_run(ort_session(p), feed), 1e-6))
+    q = tmp_path / "if_data.onnx"
+    onnx.save(model(True), q)
+    with pytest.raises(UnsupportedOperatorError, match="inlines If when its condition is known"):
+        frontend.import_onnx(q)
