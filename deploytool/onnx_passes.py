@@ -23,13 +23,13 @@ log = logging.getLogger(__name__)
 EXPAND_DOMAIN = "deploytool.expand"
 # Converters in TVM 0.27 that fail or give wrong results although the op has a function body.
 ALWAYS_EXPAND = {"Attention"}
+_MAX_FOLD_ELEMENTS = 1 << 20
 
 
 def needs_expansion(node) -> bool:
     """Nodes TVM converts wrongly in one form only: LayerNormalization's optional Mean and
     InvStdDev outputs come out wrong (their shapes too), so a node that uses them is expanded."""
     return node.op_type == "LayerNormalization" and sum(1 for o in node.output if o) > 1
-_MAX_FOLD_ELEMENTS = 1 << 20
 
 
 def normalize_constants(model) -> None:
@@ -518,8 +518,6 @@ def widen_subbyte_io(model) -> dict[str, str]:
             tt.elem_type = TensorProto.FLOAT
     # ... and a graph output cast to one of them is computed as its value in float32: rounded to the
     # narrow format's grid (round half to even), with its overflow, infinity and NaN rules
-    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(g.input) + list(g.output)}
-    types.update({t.name: t.data_type for t in g.initializer})
     replaced = {}
     for vi in g.output:
         tt = vi.type.tensor_type
@@ -545,10 +543,9 @@ def widen_subbyte_io(model) -> dict[str, str]:
     return changed
 
 
-# format -> (mantissa bits, smallest normal exponent, largest finite value, has inf, has -0)
-MINIFLOAT_FORMATS = {17: (3, -6, 448.0, False, True), 18: (3, -7, 240.0, False, False),
-                     19: (2, -14, 57344.0, True, True), 20: (2, -15, 57344.0, False, False),
-                     23: (1, 0, 6.0, False, True)}
+# format -> (mantissa bits, smallest normal exponent, largest finite value, has inf)
+MINIFLOAT_FORMATS = {17: (3, -6, 448.0, False), 18: (3, -7, 240.0, False), 19: (2, -14, 57344.0, True),
+                     20: (2, -15, 57344.0, False), 23: (1, 0, 6.0, False)}
 
 
 def _minifloat_round(x: str, y: str, fmt: int, saturate: int) -> list:
@@ -560,7 +557,7 @@ def _minifloat_round(x: str, y: str, fmt: int, saturate: int) -> list:
     rules of ONNX's reference implementation, which the node tests check."""
     from onnx import helper
 
-    m, emin, vmax, has_inf, _ = MINIFLOAT_FORMATS[fmt]
+    m, emin, vmax, has_inf = MINIFLOAT_FORMATS[fmt]
     p = f"{y}__mf"
     c = lambda name, v: helper.make_node("Constant", [], [p + name], value=helper.make_tensor(p + name + "_t", 1, [], [v]))  # noqa: E731,E501
     nd = helper.make_node
@@ -590,16 +587,13 @@ def _minifloat_round(x: str, y: str, fmt: int, saturate: int) -> list:
         nd("Mul", [p + "r0", p + "q"], [p + "r"]),
         nd("Greater", [p + "r", p + "max"], [p + "over"]),
     ]
-    if saturate or fmt == 23:
-        big = p + "max"
-    else:
-        big = p + ("inf" if has_inf else "nan")
-    nodes += [nd("Where", [p + "over", big, p + "r"], [p + "rs"])]
-    inf_to = p + ("max" if saturate or fmt == 23 else ("inf" if has_inf else "nan"))
+    # past the largest finite value and at infinity alike
+    beyond = p + ("max" if saturate or fmt == 23 else ("inf" if has_inf else "nan"))
     nan_to = p + ("zero" if fmt == 23 else "nan")  # float4 has no NaN: the reference maps it to (-)0
     nodes += [
+        nd("Where", [p + "over", beyond, p + "r"], [p + "rs"]),
         nd("IsInf", [p + "x"], [p + "isinf"]),
-        nd("Where", [p + "isinf", inf_to, p + "rs"], [p + "ri"]),
+        nd("Where", [p + "isinf", beyond, p + "rs"], [p + "ri"]),
         nd("Less", [p + "x", p + "zero"], [p + "neg"]),
         nd("Neg", [p + "ri"], [p + "rn"]),
         nd("Where", [p + "neg", p + "rn", p + "ri"], [p + "sgn"]),
@@ -629,8 +623,8 @@ def widen_subbyte_array(x):
 SHAPE_OPERANDS = {
     ("Reshape", 1), ("Unsqueeze", 1), ("Squeeze", 1), ("Expand", 1), ("Tile", 1), ("ConstantOfShape", 0),
     ("Slice", 1), ("Slice", 2), ("Slice", 3), ("Slice", 4), ("Pad", 1), ("Pad", 2), ("Pad", 3),
-    ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("TopK", 1), ("Split", 1), ("CumSum", 1), ("CumProd", 1),
-    ("OneHot", 1), ("Range", 0), ("Range", 1), ("Range", 2), ("ReduceSum", 1), ("ReduceMean", 1),
+    ("Resize", 1), ("Resize", 2), ("Resize", 3), ("Upsample", 1), ("TopK", 1), ("Split", 1), ("CumSum", 1),
+    ("CumProd", 1), ("OneHot", 1), ("Range", 0), ("Range", 1), ("Range", 2), ("ReduceSum", 1), ("ReduceMean", 1),
     ("ReduceMax", 1), ("ReduceMin", 1), ("ReduceProd", 1), ("ReduceL1", 1), ("ReduceL2", 1),
     ("ReduceLogSum", 1), ("ReduceLogSumExp", 1), ("ReduceSumSquare", 1), ("CenterCropPad", 1),
     ("CenterCropPad", 2), ("Col2Im", 1), ("Col2Im", 2), ("GridSample", 99), ("AffineGrid", 1),
@@ -647,7 +641,8 @@ def shape_operand_inputs(model) -> list[str]:
     """Graph inputs whose values decide a shape/axes/size operand (see SHAPE_OPERANDS): directly, or
     through any computation on their values (Cast, Sub, Div, Concat...), but not through Shape/Size,
     which read only a tensor's shape."""
-    inputs = [vi.name for vi in model.graph.input if vi.name not in {t.name for t in model.graph.initializer}]
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [vi.name for vi in model.graph.input if vi.name not in inits]
     producer = {}
     for node in _all_nodes(model.graph):
         for o in node.output:

@@ -267,12 +267,15 @@ class _Cell:
                                                **({"perm": [1, 0, 2]} if layout else {})))
         return self.nodes, self.inits
 
+    def zeros(self, batch, H):
+        from onnx import numpy_helper
+
+        return self.op("ConstantOfShape", [self.const([batch, H])],
+                       value=numpy_helper.from_array(np.zeros(1, self.np_dtype)))
+
     def initial(self, idx, d, batch, H, layout):
         v = self.inp(idx)
-        if v:
-            return self.gather(v, d, axis=1 if layout else 0)
-        return self.op("ConstantOfShape", [self.const([batch, H])],
-                       value=__import__("onnx").numpy_helper.from_array(np.zeros(1, self.np_dtype)))
+        return self.gather(v, d, axis=1 if layout else 0) if v else self.zeros(batch, H)
 
     def direction(self, d, rev, acts, T, batch, H, G, layout, seq_lens):
         k = self.kind
@@ -296,10 +299,13 @@ class _Cell:
             Rh_t = self.op("Transpose", [self.rows(Rd, 2 * H, 3 * H, 0)], perm=[1, 0])   # [H, H]
         zeros = None
         ys = [None] * T
+
+        def chunk(v, j):  # gate j of a [batch, G*H] pre-activation
+            return self.rows(v, j * H, (j + 1) * H, 1)
+
         for t in (range(T - 1, -1, -1) if rev else range(T)):
             xt = self.gather(self.node.input[0], t, axis=1 if layout else 0)
             xw = self.op("MatMul", [xt, Wt])
-            chunk = lambda v, j: self.rows(v, j * H, (j + 1) * H, 1)  # noqa: E731
             if k == "GRU":
                 hr = self.op("MatMul", [h, Rt])
                 pre = self.op("Add", [xw, hr])
@@ -349,8 +355,7 @@ class _Cell:
                 live = self.unsqueeze(self.op("Less", [self.const(t, np.int32 if self.types.get(seq_lens) == 6
                                                                   else np.int64), seq_lens]), 1)
                 if zeros is None:
-                    zeros = self.op("ConstantOfShape", [self.const([batch, H])],
-                                    value=__import__("onnx").numpy_helper.from_array(np.zeros(1, self.np_dtype)))
+                    zeros = self.zeros(batch, H)
                 ys[t] = self.op("Where", [live, new_h, zeros])
                 new_h = self.op("Where", [live, new_h, h])
                 if new_c is not None:

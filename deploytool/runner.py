@@ -82,6 +82,11 @@ def _require_so(a: Artifact) -> None:
         raise ArtifactError(f"'{a.path}' is a {a.metadata['target']['artifact']}, not a .so", "run it with its bundle runner")
 
 
+def _on_gpu(a: Artifact) -> bool:
+    """A CUDA artifact: its kernels run on the GPU (the VM on the host CPU)."""
+    return a.metadata.get("target", {}).get("family") == "cuda"
+
+
 class _VMRunner:
     """Runs an artifact's relax VM on a device (this machine's CPU, or a board's over RPC)."""
 
@@ -125,13 +130,12 @@ class LocalRunner(_VMRunner):
         import tvm
 
         set_threads(threads)
-        cuda = artifact.metadata.get("target", {}).get("family") == "cuda"
         try:
             lib = tvm.runtime.load_module(str(artifact.path))
         except Exception as e:
             raise ArtifactError(f"the TVM runtime cannot load '{artifact.path}': {str(e).strip().splitlines()[-1][:300]}",
                                 "rebuild it with this deploytool/TVM version") from None
-        self.device = tvm.cuda(0) if cuda else tvm.cpu()
+        self.device = tvm.cuda(0) if _on_gpu(artifact) else tvm.cpu()
         self._start(lib)
 
     @staticmethod
@@ -148,7 +152,7 @@ class LocalRunner(_VMRunner):
                               "rebuild for this machine with --target x86 (or a portable preset such as x86-avx2)")
         import tvm
 
-        if meta.get("target", {}).get("family") == "cuda":
+        if _on_gpu(a):
             from deploytool import cuda
 
             cuda.require_gpu(meta["target"].get("tvm", {}).get("arch"), f"'{a.path}'")
@@ -195,7 +199,7 @@ class RPCRunner(_VMRunner):
                                 f"{str(e).strip().splitlines()[-1][:200]}",
                                 "check that it is built for this board's CPU and TVM runtime") from None
         # A CUDA artifact on a board (a Jetson serving `deploytool device serve`) runs on its GPU.
-        self.device = sess.cuda(0) if meta.get("target", {}).get("family") == "cuda" else sess.cpu()
+        self.device = sess.cuda(0) if _on_gpu(artifact) else sess.cpu()
         self._start(lib)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

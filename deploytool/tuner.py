@@ -239,6 +239,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         database = ms.database.MemoryDatabase()
         contexts = {}
         fe = F.extractor()
+
         def make_context(st: TaskState, i: int, with_default: bool = True):
             with without_tensor_intrinsics(target):
                 return ms.TuneContext(mod=wmods[st.workload], target=tvm_target,
