@@ -174,13 +174,23 @@ _REASONS = [  # (pattern on status + message, reason): first match wins
 ]
 
 
+# cases whose failure is understood and is not deploytool's to fix
+_KNOWN = {
+    "test_dft_inverse": "the reference output comes from numpy's float32 FFT: its rounding noise (~2e-6) where the "
+                        "exact value is 0 exceeds the case's atol of 1e-7 (deploytool computes in double)",
+}
+
+
 def reason(r: "CaseResult") -> str:
+    for prefix, why in _KNOWN.items():
+        if r.name == prefix or r.name.startswith(prefix + "_opset"):
+            return why
     text = f"{r.status}: {r.message}"
     for pat, why in _REASONS:
         m = re.search(pat, text)
         if m:
             if "operator not supported" in why:
-                ops = re.search(r"type\(s\): (.+?): replace", text)
+                ops = re.search(r"type\(s\): (.+?): (?=[a-z])", text)
                 return f"{why}: {ops.group(1).strip() if ops else '?'}"
             return why
     return r.status

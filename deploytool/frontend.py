@@ -152,14 +152,18 @@ def iter_nodes(graph):
                     yield from iter_nodes(g)
 
 
-def supported_op_types() -> set[str]:
-    """TVM's converters, plus the operators deploytool rewrites into them (onnx_passes.DECOMPOSE)."""
+def _tvm_ops() -> set[str]:
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
 
-    from deploytool.onnx_passes import DECOMPOSE
+    return set(_get_convert_map())
+
+
+def supported_op_types() -> set[str]:
+    """TVM's converters, plus the operators deploytool rewrites into them (onnx_converters)."""
+    from deploytool.onnx_converters import CONVERTERS
     from deploytool.onnx_unroll import INLINED, UNROLLED
 
-    return set(_get_convert_map().keys()) | set(DECOMPOSE) | UNROLLED | INLINED
+    return _tvm_ops() | set(CONVERTERS) | UNROLLED | INLINED
 
 
 def unsupported_ops(model) -> dict[str, int]:
@@ -414,7 +418,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
                 bind: dict[str, Any] | None = None) -> ImportedModel:
     """Load, validate, fix shapes, sanitize names and import to Relax. ``bind`` makes inputs
     constants with the given values (compile-time specialization of shape/axes inputs)."""
-    from deploytool import onnx_passes, onnx_unroll
+    from deploytool import onnx_converters, onnx_passes, onnx_unroll
 
     model = load_onnx(path)
     if bind:
@@ -424,7 +428,8 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
             raise ShapeError(f"--bind-input names unknown input(s) {', '.join(unknown)}",
                              f"the model's inputs are: {', '.join(sorted(names))}")
         onnx_passes.bind_inputs(model, bind)
-    onnx_passes.decompose(model, set(onnx_passes.DECOMPOSE))
+    # our own converters, early: quantize/dequantize of 2/4/8-bit types before the interface is widened
+    onnx_converters.convert(model)
     onnx_passes.widen_subbyte_io(model)
     info = model_info(model, path)
     # operators TVM lacks (or gets wrong) are replaced by their ONNX function bodies where they have one
@@ -434,6 +439,7 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
         remaining = unsupported_ops(model)
         if remaining:
             raise UnsupportedOperatorError(remaining)
+        onnx_converters.convert(model)  # bodies can hold operators a converter takes (SwiGLU's Swish)
     _apply_input_shapes(model, dict(input_shapes or {}), info)
     orig_inputs = [vi.name for vi in graph_inputs(model)]
     orig_outputs = [vi.name for vi in model.graph.output]
@@ -447,6 +453,15 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
                                        "subgraphs, no per-sequence lengths in reverse): fix the input shapes with "
                                        "--input-shape, or export the loop unrolled")
     model = onnx_passes.fold_constants(model)
+    # late: converters that need static shapes and constant operands (DFT, Resize, ...)
+    if onnx_converters.convert(model):
+        model = onnx_passes.fold_constants(model)
+    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_converters.CONVERTERS
+                   and n.op_type not in _tvm_ops())
+    if left:
+        raise UnsupportedOperatorError(dict(left), "deploytool converts these only when the shapes and the "
+                                       "operands they depend on are known at compile time: fix the input shapes "
+                                       "with --input-shape and bind such inputs with --bind-input")
     left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_unroll.INLINED)
     if left:
         raise UnsupportedOperatorError(dict(left), "deploytool inlines If when its condition is known at compile "

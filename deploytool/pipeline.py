@@ -55,6 +55,7 @@ def optimize(mod, target: Target, dtype: str = "float32"):
     from deploytool import schedules
 
     passes = [
+        _accumulate_half_in_float32(),
         relax.transform.FoldConstant(),
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
@@ -76,6 +77,47 @@ def optimize(mod, target: Target, dtype: str = "float32"):
     tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                      relax.transform.DeadCodeElimination(["main"])])
     return _run_passes(tidy, mod, target, "graph optimization")
+
+
+_WIDE_ACCUMULATE = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"}
+
+
+def _accumulate_half_in_float32():
+    """Matmuls and convolutions of float16/bfloat16 operands in the imported model accumulate in
+    float32 and round once (TVM's default accumulates in the operand type, rounding at every step):
+    what numpy, ONNX's reference and onnxruntime compute. Runs before ToMixedPrecision, so it only
+    touches models that are half precision in the ONNX file."""
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Widen(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _WIDE_ACCUMULATE:
+                return call
+            dtype = getattr(call.ty, "dtype", None)
+            if dtype not in ("float16", "bfloat16") or str(call.attrs.out_dtype) not in ("None", "void", "", dtype):
+                return call
+            if call.op.name == "relax.matmul":
+                wide = relax.op.matmul(call.args[0], call.args[1], out_dtype="float32")
+            else:
+                a = call.attrs
+                fn = {"relax.nn.conv1d": relax.op.nn.conv1d, "relax.nn.conv2d": relax.op.nn.conv2d,
+                      "relax.nn.conv3d": relax.op.nn.conv3d}[call.op.name]
+                wide = fn(call.args[0], call.args[1], strides=a.strides, padding=a.padding, dilation=a.dilation,
+                          groups=a.groups, data_layout=a.data_layout, kernel_layout=a.kernel_layout,
+                          out_layout=a.out_layout, out_dtype="float32")
+            return relax.op.astype(self.builder_.normalize(wide), dtype)
+
+    @tvm.transform.module_pass(opt_level=0, name="AccumulateHalfInFloat32")
+    def widen(mod, ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = Widen().visit_expr(func)
+        return mod
+
+    return widen
 
 
 def _run_passes(seq, mod, target: Target, what: str):

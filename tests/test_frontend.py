@@ -150,3 +150,73 @@ def test_if_with_a_constant_condition_is_inlined(tmp_path):
     onnx.save(model(True), q)
     with pytest.raises(UnsupportedOperatorError, match="inlines If when its condition is known"):
         frontend.import_onnx(q)
+
+
+def _spectral_model(path, dynamic_length: bool = False):
+    """x (N, 1, 16, 12) -> Resize nearest on axes [2, 3] to at most 24 x 20 (keep_aspect_ratio_policy
+    not_larger: scale 1.5, 24 x 18) -> DFT of length 20 along axis 2 (one-sided) -> y; both are rewritten by deploytool's converters
+    once --input-shape fixes N."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([24, 20], np.int64), "sizes"),
+             numpy_helper.from_array(np.array(2, np.int64), "axis")]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, 16, 12])]
+    if dynamic_length:
+        inputs.append(helper.make_tensor_value_info("n", TensorProto.INT64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(20, np.int64), "n"))
+    nodes = [
+        helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], mode="nearest", axes=[2, 3],
+                         keep_aspect_ratio_policy="not_larger"),
+        helper.make_node("Unsqueeze", ["r", "last"], ["c"]),
+        helper.make_node("DFT", ["c", "n", "axis"], ["y"], onesided=1),
+    ]
+    inits.append(numpy_helper.from_array(np.array([-1], np.int64), "last"))
+    g = helper.make_graph(nodes, "spectral", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, 11, 18, 2])],
+                          initializer=inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), path)
+    return path
+
+
+def test_shape_dependent_converters_match_onnxruntime(tmp_path):
+    """Resize (axes + keep_aspect_ratio_policy) and DFT are converted by deploytool once the input
+    shapes are known (from --input-shape), and compute what onnxruntime computes."""
+    import deploytool
+    from deploytool.reference import compare, ort_run, ort_session
+    from deploytool.runner import LocalRunner
+
+    p = _spectral_model(tmp_path / "s.onnx")
+    res = deploytool.compile(p, target="x86", output=tmp_path / "s.so", input_shapes={"x": (2, 1, 16, 12)})
+    x = np.random.default_rng(0).standard_normal((2, 1, 16, 12)).astype(np.float32)
+    got = LocalRunner(res.artifact).run({"x": x})
+    ref = ort_run(ort_session(p), {"x": x})
+    assert got["y"].shape == ref["y"].shape == (2, 1, 11, 18, 2)  # 16x12 -> 24x18 (scale 1.5), 20 // 2 + 1 bins
+    assert all(c.ok for c in compare(got, ref, 1e-4))
+
+
+def test_converter_needing_a_runtime_value_names_the_fix(tmp_path):
+    p = _spectral_model(tmp_path / "s.onnx", dynamic_length=True)
+    with pytest.raises(UnsupportedOperatorError) as e:
+        frontend.import_onnx(p, {"x": (1, 1, 16, 12)})
+    assert e.value.ops == {"DFT": 1} and "--bind-input" in str(e.value)
+
+
+def test_half_precision_matmul_accumulates_in_float32(tmp_path):
+    """A float16 MatMul rounds once, like numpy and onnxruntime (TVM's default rounds every step)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    import deploytool
+    from deploytool.runner import LocalRunner
+
+    g = helper.make_graph([helper.make_node("MatMul", ["a", "b"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("a", TensorProto.FLOAT16, [16, 512]),
+                           helper.make_tensor_value_info("b", TensorProto.FLOAT16, [512, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [16, 8])])
+    p = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 512)).astype(np.float16), rng.standard_normal((512, 8)).astype(np.float16)
+    got = LocalRunner(deploytool.compile(p, target="x86", output=tmp_path / "mm.so").artifact).run({"a": a, "b": b})
+    np.testing.assert_array_equal(got["y"], a @ b)
