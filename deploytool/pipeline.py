@@ -234,7 +234,11 @@ def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, r
     return schedules.apply_defaults(mod, target, report)
 
 
-def _finalize_pipeline():
+def _finalize_pipeline(cuda_graph: bool = False):
+    """Memory planning and VM lowering. ``cuda_graph``: the kernel launches between statically
+    planned buffers are captured into a CUDA graph on the first call and replayed after (TVM's
+    RewriteCUDAGraph; kernels reading the inputs or writing the outputs stay outside), so a
+    batch-1 model stops paying one launch per kernel."""
     import tvm
     from tvm import relax
 
@@ -244,6 +248,7 @@ def _finalize_pipeline():
         relax.transform.RemovePurityChecking(),
         relax.transform.CallTIRRewrite(),
         relax.transform.StaticPlanBlockMemory(),
+        *([relax.transform.RewriteCUDAGraph()] if cuda_graph else []),
         relax.transform.LowerAllocTensor(),
         relax.transform.KillAfterLastUse(),
         relax.transform.LowerRuntimeBuiltin(),
@@ -262,9 +267,14 @@ def build(mod, target: Target):
 
         cuda.ensure_compiler()
     t = target.tvm_target()
+    cuda_graph = target.family == "cuda"
+    ctx = tvm.transform.PassContext.current()
+    if cuda_graph:  # the pass reads its switch from the PassContext
+        ctx = tvm.transform.PassContext(opt_level=ctx.opt_level, config={**dict(ctx.config),
+                                                                        "relax.backend.use_cuda_graph": True})
     try:
-        with t:
-            return tvm.compile(mod, t, relax_pipeline=_finalize_pipeline())
+        with t, ctx:
+            return tvm.compile(mod, t, relax_pipeline=_finalize_pipeline(cuda_graph))
     except Exception as e:
         raise BuildError(f"code generation for {target.name} failed: {describe(e)}",
                          "rerun with --verbose and file an issue with the model attached") from e

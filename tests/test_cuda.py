@@ -57,6 +57,8 @@ def test_cuda_squeezenet_default_schedules_bind_every_kernel(tmp_path):
                                            "Transpose", "Fallback"}
     convs = [k for k in res.schedules if "conv2d" in k]
     assert len(convs) >= 18 and all(res.schedules[k] == "Matmul" for k in convs)  # every conv as a tiled GEMM
+    # the launches between planned buffers are captured as a CUDA graph (replayed after the first call)
+    assert b"vm.builtin.cuda_graph.run_or_capture" in (tmp_path / "sq.so").read_bytes()
 
 
 @pytest.mark.models
@@ -143,6 +145,31 @@ def test_gpu_squeezenet_runs_and_matches_onnxruntime(cli, tmp_path):
     r = cli("bench", out, "--compare", model, "--json")
     assert r.code == 0, r
     assert json.loads(r.out)["deploytool"]["median_ms"] > 0
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cuda_graph_replays_with_new_inputs(tmp_path):
+    """The first call captures the CUDA graph, later ones replay it: each call must still answer
+    for its own input (a stale capture would repeat the first answer)."""
+    import numpy as np
+
+    import deploytool
+    from deploytool import corpus
+    from deploytool.reference import compare, ort_run, ort_session
+    from deploytool.runner import LocalRunner
+
+    model = corpus.default_model()
+    runner = LocalRunner(deploytool.compile(model, target="cuda", output=tmp_path / "sq.so").artifact)
+    sess = ort_session(model)
+    spec = runner.artifact.inputs[0]
+    outs = []
+    for seed in range(3):
+        feed = {spec.name: np.random.default_rng(seed).standard_normal(spec.shape).astype(np.float32)}
+        got = runner.run(feed)
+        assert all(c.ok for c in compare(got, ort_run(sess, feed), 1e-3)), seed
+        outs.append(next(iter(got.values())))
+    assert not np.allclose(outs[1], outs[2])
 
 
 @pytest.mark.gpu
