@@ -69,10 +69,14 @@ def cmd_inspect(args) -> int:
     print(f"parameters {_fmt_count(d['param_count'])} ({_fmt_bytes(d['param_bytes'])})")
     print(f"operators  {sum(i.op_histogram.values())} nodes, {len(i.op_histogram)} types")
     for op, n in i.op_histogram.most_common():
-        mark = "   UNSUPPORTED" if op in i.unsupported else ""
+        mark = (f"   LEFT OUT ({i.left_out[op]})" if op in i.left_out
+                else "   UNSUPPORTED" if op in i.unsupported else "")
         print(f"  {n:6d}  {op}{mark}")
     if i.unsupported:
         print(f"unsupported: {len(i.unsupported)} operator type(s): {', '.join(sorted(i.unsupported))}")
+    if i.left_out:
+        print("left out by design (training, strings, sequence/optional/map values): "
+              + "; ".join(f"{k}: {v}" for k, v in sorted(i.left_out.items())))
     if r.tasks is not None:
         total = sum(t.flops * max(t.calls, 1) for t in r.tasks)
         print(f"kernels    {len(r.tasks)} fused kernels, {_fmt_count(total)}FLOP per run (target {args.target})")

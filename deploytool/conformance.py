@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 STATUSES = ("pass", "import_error", "compile_error", "run_error", "wrong", "crash", "timeout")
 _TRAINING = re.compile(r"^test_(softmax_cross_entropy|sce|nllloss|negative_log_likelihood|gradient|momentum|"
                        r"nesterov_momentum|adam|adagrad|ai_onnx_preview_training)")
-_STRING_OPS = {"StringNormalizer", "RegexFullMatch", "StringConcat", "StringSplit", "TfIdfVectorizer", "LabelEncoder"}
 
 
 @dataclass
@@ -56,18 +55,10 @@ def excluded(case) -> str | None:
     """Why a case is left out (the issue's list), or None."""
     if _TRAINING.match(case.name):
         return "training op"
-    g = case.model.graph
-    for vi in list(g.input) + list(g.output):
-        kind = vi.type.WhichOneof("value")
-        if kind in ("sequence_type", "optional_type", "map_type"):
-            return f"{kind.split('_')[0]} input/output"
-        if kind == "tensor_type" and vi.type.tensor_type.elem_type == 8:  # STRING
-            return "string tensor"
-    if set(_ops(case.model)) & _STRING_OPS:
-        return "string op"
-    if any(n.domain == "ai.onnx.preview.training" for n in g.node):
-        return "training op"
-    return None
+    from deploytool.frontend import left_out
+
+    why = left_out(case.model)
+    return next(iter(why.values())) if why else None
 
 
 # ----------------------------------------------------------------------------- one case (in a worker)

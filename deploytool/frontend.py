@@ -34,6 +34,7 @@ class ModelInfo:
     initializer_count: int
     initializer_bytes: int
     unsupported: dict[str, int] = field(default_factory=dict)
+    left_out: dict[str, str] = field(default_factory=dict)  # see left_out()
 
     @property
     def opset(self) -> int:
@@ -121,6 +122,9 @@ def _np_dtype(elem_type: int) -> str:
 
 
 def _value_spec(vi) -> tuple[TensorSpec, list[str]]:
+    kind = vi.type.WhichOneof("value")
+    if kind != "tensor_type":  # sequence/optional/map: named by left_out(), never compiled
+        return TensorSpec(name=vi.name, shape=(), dtype=(kind or "unknown").split("_")[0], tvm_name=vi.name), []
     tt = vi.type.tensor_type
     dims, dyn = [], []
     for i, d in enumerate(tt.shape.dim):
@@ -179,6 +183,33 @@ def unsupported_ops(model) -> dict[str, int]:
     return dict(bad)
 
 
+# What deploytool leaves out by design (the coverage issue's fixed list): training operators,
+# string operators, and sequence/optional/map values at the model's interface.
+TRAINING_OPS = {"SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Gradient", "Momentum", "Adam", "Adagrad"}
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+STRING_OPS = {"StringNormalizer", "RegexFullMatch", "StringConcat", "StringSplit", "TfIdfVectorizer", "LabelEncoder"}
+
+
+def left_out(model) -> dict[str, str]:
+    """What in ``model`` falls under what deploytool leaves out by design: {operator, or
+    'input NAME' / 'output NAME': why}."""
+    out = {}
+    for node in iter_nodes(model.graph):
+        if node.domain == TRAINING_DOMAIN or (node.domain in _STD_DOMAINS and node.op_type in TRAINING_OPS):
+            out[node.op_type] = "training operator"
+        elif node.op_type in STRING_OPS:
+            out[node.op_type] = "string operator"
+    inits = {t.name for t in model.graph.initializer}
+    for what, vis in (("input", [v for v in model.graph.input if v.name not in inits]), ("output", model.graph.output)):
+        for vi in vis:
+            kind = vi.type.WhichOneof("value")
+            if kind in ("sequence_type", "optional_type", "map_type"):
+                out[f"{what} {vi.name}"] = f"{kind.split('_')[0]} value at the interface"
+            elif kind == "tensor_type" and vi.type.tensor_type.elem_type == 8:
+                out[f"{what} {vi.name}"] = "string tensor at the interface"
+    return out
+
+
 def model_info(model, path: str | Path) -> ModelInfo:
     from onnx import numpy_helper  # noqa: F401  (keeps the onnx import local)
 
@@ -197,6 +228,7 @@ def model_info(model, path: str | Path) -> ModelInfo:
         inputs=ins, outputs=outs, dynamic_dims=dyn,
         op_histogram=Counter(n.op_type for n in iter_nodes(model.graph)),
         initializer_count=n_params, initializer_bytes=n_bytes, unsupported=unsupported_ops(model),
+        left_out=left_out(model),
     )
 
 

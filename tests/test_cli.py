@@ -52,6 +52,30 @@ def test_inspect_lists_unsupported_and_dynamic(cli, tmp_path):
     assert "dynamic: N" in r.out
 
 
+def test_inspect_names_what_is_left_out_by_design(cli, tmp_path):
+    """Training ops, string ops and sequence values are out of scope: inspect says which, and why."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    g = helper.make_graph(
+        [helper.make_node("SoftmaxCrossEntropyLoss", ["x", "labels"], ["loss"]),
+         helper.make_node("SequenceConstruct", ["x"], ["seq"])], "train",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+         helper.make_tensor_value_info("labels", TensorProto.INT64, [2])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
+         helper.make_value_info("seq", helper.make_sequence_type_proto(
+             helper.make_tensor_type_proto(TensorProto.FLOAT, [2, 3])))])
+    p = tmp_path / "train.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
+    r = cli("inspect", p)
+    assert r.code == 0, r
+    assert "SoftmaxCrossEntropyLoss   LEFT OUT (training operator)" in r.out
+    assert "output seq: sequence value at the interface" in r.out
+    j = json.loads(cli("inspect", p, "--json").out)
+    assert j["left_out"] == {"SoftmaxCrossEntropyLoss": "training operator",
+                             "output seq": "sequence value at the interface"}
+
+
 def test_compile_run_check_bench(cli, tiny_model, tmp_path):
     so = tmp_path / "tiny.so"
     r = cli("compile", tiny_model, "--target", "x86", "-o", so)

@@ -53,8 +53,9 @@ def test_expected_failures_are_real_cases_with_reasons(expected):
     assert not unknown, f"expected failures that are not (counted) cases: {unknown[:10]}"
     assert all(isinstance(v, str) and len(v) > 10 for v in expected.values())
     # the left-out cases are exactly the categories
-    assert set(skipped.values()) <= {"training op", "sequence input/output", "optional input/output",
-                                     "map input/output", "string tensor", "string op"}
+    assert set(skipped.values()) <= {"training op", "training operator", "string operator",
+                                     "sequence value at the interface", "optional value at the interface",
+                                     "map value at the interface", "string tensor at the interface"}
 
 
 def test_onnx_backend_test_drives_deploytool():
