@@ -14,6 +14,9 @@
   adaptive retraining and a warm start from a tuning log.
 * ``dataset``: (features, latency, group) rows rebuilt from tuning logs, for training and for the
   held-out ranking evaluation against MetaSchedule's own XGBModel.
+* ``pretrain``: training sets per target family built from any tuning logs (``data/``), pretrained
+  models (``pretrained/<family>.ubj``) that ``tune`` starts from and fine-tunes, and the
+  leave-one-model-out evaluation (bench/pretrain.py).
 
 This package knows nothing of the CLI or of targets' toolchains.
 """

@@ -16,6 +16,7 @@ from deploytool.cost_model import features as F
 log = logging.getLogger(__name__)
 
 FAILED = 1e10
+FINETUNE_ROUNDS = 50
 
 
 def normalized_throughput(latencies: np.ndarray) -> np.ndarray:
@@ -44,6 +45,9 @@ class XGBCostModel:
         self.num_rounds = num_rounds
         self.groups: dict[str, tuple[list[np.ndarray], list[float]]] = {}
         self.booster = None
+        # a pretrained booster: predicts until this run has data, then every fit continues from it
+        # (FINETUNE_ROUNDS more trees on this run's measurements)
+        self.base = None
         self.trained_on = 0
         self.fit_seconds = 0.0
 
@@ -82,16 +86,31 @@ class XGBCostModel:
         t0 = time.perf_counter()
         X, y, qid = self._matrix()
         d = xgb.DMatrix(X, label=y, qid=qid) if self.objective.startswith("rank:") else xgb.DMatrix(X, label=y)
-        self.booster = xgb.train(self.params, d, num_boost_round=self.num_rounds)
+        if self.base is not None:
+            self.booster = xgb.train(self.params, d, num_boost_round=FINETUNE_ROUNDS, xgb_model=self.base)
+        else:
+            self.booster = xgb.train(self.params, d, num_boost_round=self.num_rounds)
         self.trained_on = self.size
         self.fit_seconds += time.perf_counter() - t0
 
     def predict(self, feats: np.ndarray) -> np.ndarray:
         import xgboost as xgb
 
-        if self.booster is None or len(feats) == 0:
+        booster = self.booster or self.base
+        if booster is None or len(feats) == 0:
             return np.random.default_rng().uniform(0, 1, len(feats))
-        return self.booster.predict(xgb.DMatrix(np.asarray(feats, dtype=np.float32)))
+        return booster.predict(xgb.DMatrix(np.asarray(feats, dtype=np.float32)))
+
+    def start_from(self, path: str | Path) -> None:
+        """Use the pretrained model at ``path`` (see cost_model.pretrain) as the starting point."""
+        import xgboost as xgb
+
+        meta = json.loads(Path(path).with_suffix(".meta.json").read_text())
+        if meta.get("feature_length") != F.LENGTH or meta.get("label", "log-throughput") != self.label:
+            raise ValueError(f"'{path}' was trained on other features or labels "
+                             f"({meta.get('feature_length')} features, label {meta.get('label')})")
+        self.base = xgb.Booster(model_file=str(path))
+        self.base.set_param({"nthread": self.params["nthread"]})
 
     # ------------------------------------------------------------------ files
     def save(self, path: str | Path) -> None:
@@ -172,7 +191,7 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
 
         def predict(self, context, candidates) -> np.ndarray:
             t0 = time.perf_counter()
-            if self.model.booster is None:
+            if self.model.booster is None and self.model.base is None:
                 out = np.random.default_rng().uniform(0, 1, len(candidates))
             else:
                 out = self.model.predict(self.features(context, candidates))

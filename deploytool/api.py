@@ -158,12 +158,14 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
-            dtype: str = "float32", progress: Progress = _noop) -> CompileResult:
+            dtype: str = "float32", predict: str | None = None, progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
     ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs).
-    ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize)."""
+    ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize).
+    ``predict`` ("pretrained" or a model file): kernels without a log record take the schedule the
+    cost model ranks first, nothing measured (deploytool.predict)."""
     from deploytool import pipeline
     from deploytool.tuninglog import TuningLog
 
@@ -183,6 +185,15 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         if tlog.header.get("emulated"):
             progress(f"warning: {Path(tuning_log).name} was measured on an emulated board "
                      f"({tlog.header['emulated']}): fine for testing the pipeline, not tuning to ship")
+    predict_model = None
+    if predict is not None:
+        predict_model = _cost_model_file(predict, tgt)
+        if predict_model is None:
+            from deploytool.cost_model.pretrain import family_of
+
+            raise InputError(f"--predict: deploytool ships no pretrained cost model for {family_of(tgt)}",
+                             "pass a model file (--predict FILE), trained on tuning logs of this target family "
+                             "with `python -m deploytool.cost_model.pretrain`")
     times: dict[str, float] = {}
 
     def stage(name, fn, *a):
@@ -199,7 +210,12 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
     sched: dict[str, str] = {}
-    mod = stage("schedule", pipeline.schedule, mod, tgt, sched, tlog, require_tuned)
+    mod = stage("schedule", pipeline.schedule, mod, tgt, sched, tlog, require_tuned, predict_model)
+    if predict_model is not None:
+        n = sum(1 for v in sched.values() if v == "predicted")
+        progress(f"{n} of {len(sched)} kernels with the schedule {predict_model.name} predicts fastest "
+                 "(nothing measured); the others kept their default schedule. Experimental: bench the result "
+                 "against a build without --predict (it has been much slower, see bench/pretrain.py)")
     if tlog is not None:
         n = sum(1 for v in sched.values() if v == "tuned")
         progress(f"{n} of {len(sched)} kernels from tuning log {Path(tuning_log).name}"
@@ -215,6 +231,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   onnx_sha256=imported.info.sha256,
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
+                                         "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
     return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
@@ -383,9 +400,12 @@ def default_log_name(model: str | Path, target: str) -> str:
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
-         device=None, dtype: str = "float32", on_progress=None, progress: Progress = _noop):
+         device=None, dtype: str = "float32", cost_model: str = "pretrained", on_progress=None,
+         progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
+    ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
+    with this run's measurements; from scratch when the family has none), "none", or a file.
     ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
     needed when the target is not this machine's architecture."""
     from deploytool import pipeline
@@ -417,16 +437,30 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    f"board, and this machine is {_targets.host_arch()}",
                                    "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
+    cm_file = _cost_model_file(cost_model, tgt)
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     imported = import_onnx(model, _shapes(input_shapes))
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt)
     task_list = pipeline.tasks(mod)
-    progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}")
+    progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
+             + (f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
-                       **({"objective": objective} if objective else {}))
+                       cost_model=cm_file, **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype})
+
+
+def _cost_model_file(choice: str, tgt):
+    """The pretrained cost model file ``--cost-model`` names for ``tgt`` (None: from scratch)."""
+    from deploytool.cost_model import pretrain
+
+    try:
+        return pretrain.resolve(choice, tgt)
+    except FileNotFoundError:
+        raise InputError(f"--cost-model '{choice}' is not a cost model file (a .json with its .meta.json next to it)",
+                         "pass none, pretrained, or a file written by `python -m deploytool.cost_model.pretrain "
+                         "train`") from None
 
 
 # ----------------------------------------------------------------------------- logs

@@ -93,7 +93,8 @@ def cmd_compile(args) -> int:
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
                     bind_inputs=args.bind_input, dtype=args.dtype,
-                    tuning_log=args.tuning_log, require_tuned=args.require_tuned, progress=prog)
+                    tuning_log=args.tuning_log, require_tuned=args.require_tuned, predict=args.predict,
+                    progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     if r.artifact.path.is_dir():
         _print_footprint(r.artifact)
@@ -248,7 +249,8 @@ def cmd_tune(args) -> int:
     r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
                  trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
-                 device=_device_arg(args), dtype=args.dtype, on_progress=_TuneView(args.quiet), progress=prog)
+                 device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
+                 on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
     else:
@@ -464,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bind-input", action="append", metavar="NAME=V1,V2|NAME=FILE.npy",
                    help="make an input a compile-time constant (shape, axes or sizes given as inputs), repeatable")
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
+    s.add_argument("--predict", nargs="?", const="pretrained", metavar="FILE",
+                   help="schedule kernels without a tuning record by the cost model alone, nothing measured: the "
+                        "target family's pretrained model, or FILE")
     s.add_argument("--require-tuned", action="store_true",
                    help="fail (exit 2, listing them) if any kernel has no record in the tuning log: the CI mode")
     dtype_arg(s)
@@ -486,6 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
                    help="time candidates with warm caches (default: caches flushed before each repeat)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE",
+                   help="where the cost model starts: the target family's pretrained model, fine-tuned with "
+                        "this run's measurements (default; from scratch if the family has none), none, or a "
+                        "model file from `python -m deploytool.cost_model.pretrain train`")
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
     dtype_arg(s)
     device_args(s, "measure on a board (needed for cross targets such as arm)")

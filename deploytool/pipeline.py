@@ -223,14 +223,23 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
     return mod, sorted(missing)
 
 
-def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, require_tuned: bool = False):
-    """Apply schedules to every task: the tuning log's best record where it has one, else the
-    default (untuned) schedule from schedules/. ``report`` receives kernel name -> "tuned" or
-    the default rule that scheduled it ("none": left as legalized)."""
+def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, require_tuned: bool = False,
+             predict_model=None):
+    """Apply schedules to every task: the tuning log's best record where it has one, then (with
+    ``predict_model``) the schedule the cost model ranks first (deploytool.predict), else the
+    default (untuned) schedule from schedules/. ``report`` receives kernel name -> "tuned",
+    "predicted", or the default rule that scheduled it ("none": left as legalized)."""
     from deploytool import schedules
 
     if tuning_log is not None:
         mod, _ = apply_tuning_log(mod, target, tuning_log, report, require_tuned)
+    if predict_model is not None:
+        from deploytool.predict import predict_schedules
+
+        predicted: dict[str, str] = {}
+        mod = predict_schedules(mod, target, predict_model, report=predicted)
+        if report is not None:  # a kernel whose default won keeps its rule's name from apply_defaults
+            report.update({k: v for k, v in predicted.items() if v == "predicted"})
     return schedules.apply_defaults(mod, target, report)
 
 

@@ -38,6 +38,7 @@ class TuneOptions:
     seed: int = 0
     workers: int | None = None           # parallel builders (None: physical cores)
     objective: str = "reg:squarederror"  # the cost model's objective (see cost_model)
+    cost_model: Any = None               # a pretrained model file to start from (None: from scratch)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     device: Any = None                   # a deploytool.device.DeviceSpec: measure on boards over RPC
     progress: Callable[[str], None] | None = None  # one-line notes (boards lost, reconnected)
@@ -235,6 +236,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         # ---- 2. the cost model, warm-started from the log
         t0 = time.perf_counter()
         model = XGBCostModel(objective=opts.objective, nthread=measurer.threads, seed=opts.seed)
+        if opts.cost_model is not None:
+            model.start_from(opts.cost_model)
         cost_model = make_tuner_cost_model(model)
         database = ms.database.MemoryDatabase()
         contexts = {}

@@ -1,0 +1,166 @@
+"""Does pretraining the cost model pay? Leave one model out, honestly.
+
+    python bench/pretrain.py DATA.npz --logs-dir DIR [--online squeezenet,ds_cnn_1d]
+                             [--trials-per-task 8] [--seeds 0] [--out bench/results]
+
+1. Offline (TenSet-style), for every model M of the dataset: pretrain on the other models' records,
+   score M's records; pairwise accuracy, top-10 recall and top-1 score per kernel, against an
+   untrained (random) ranking.
+2. Online, for the --online models: tune M from scratch (--cost-model none) and from the model
+   pretrained without M, same seeds and budget; the curve of estimated end-to-end latency (sum of
+   best kernel latencies x calls) against trials; trials to reach 95% of the reference, the best
+   of M's full tuning log in DIR (M-<target>.jsonl, 64 trials per kernel); the latency at equal
+   budgets.
+3. Prediction only: M compiled with --predict (the model pretrained without M), vs its default
+   schedules and vs its tuned build, timed in one run.
+
+Writes pretrain.json, pretrain.md and pretrain.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def reference_s(log_path: Path) -> float:
+    from deploytool.tuninglog import TuningLog
+
+    t = TuningLog.read(log_path)
+    best = t.best_by_workload()
+    return sum(best[h].seconds * t.workloads[h].calls for h in best if h in t.workloads)
+
+
+def trials_to(curve, target_s: float):
+    for n, s in curve:
+        if s <= target_s:
+            return n
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("data")
+    ap.add_argument("--logs-dir", required=True)
+    ap.add_argument("--target", default="x86-avx512")
+    ap.add_argument("--online", default="ds_cnn_1d,squeezenet")
+    ap.add_argument("--trials-per-task", type=int, default=8)
+    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args()
+
+    import deploytool
+    from deploytool import benchmark
+    from deploytool.cost_model import pretrain as P
+
+    data = P.load_dataset(args.data)
+    models = sorted(set(data["model"].tolist()))
+    res = {"dataset": {"records": int(len(data["latency"])), "kernels": int(len(np.unique(data["group"]))),
+                       "models": models, "family": str(data["family"])}, "offline": [], "online": [], "predict": []}
+    tmp = Path(tempfile.mkdtemp(prefix="pretrain-"))
+    loo = {}
+    for m in models:
+        cm = P.fit(data, exclude=[m])
+        path = tmp / f"without-{m}.ubj"
+        cm.save(path)
+        loo[m] = path
+        ours = P.evaluate(cm, data, only=[m])
+        rnd = P.evaluate(lambda X: np.random.default_rng(0).uniform(size=len(X)), data, only=[m])
+        res["offline"].append({"model": m, "pretrained": ours, "random": rnd})
+        print(f"offline {m}: {ours}", flush=True)
+
+    entries = {e["name"]: e for e in benchmark.load_manifest()["models"]}
+    cache = Path.home() / ".cache" / "deploytool" / "corpus"
+    for m in [x for x in args.online.split(",") if x]:
+        onnx_path = benchmark.materialize(entries[m], cache)
+        ref = reference_s(Path(args.logs_dir) / f"{m}-{args.target}.jsonl")
+        row = {"model": m, "reference_ms": ref * 1e3, "runs": []}
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            for kind, cm in (("from scratch", "none"), ("pretrained without it", str(loo[m]))):
+                log = tmp / f"{m}-{seed}-{kind.split()[0]}.jsonl"
+                t0 = time.perf_counter()
+                r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
+                                    early_stop=0, seed=seed, cost_model=cm)
+                curve = [(n, s * 1e3) for n, s in r.curve]
+                run = {"kind": kind, "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
+                       "untuned_ms": r.est_untuned_s * 1e3, "trials": r.trials_new,
+                       "trials_to_95pct_of_reference": trials_to(curve, ref * 1e3 / 0.95),
+                       "seconds": time.perf_counter() - t0}
+                row["runs"].append(run)
+                print(f"online {m} {kind} seed {seed}: {run['final_ms']:.3f} ms after {run['trials']} trials "
+                      f"(reference {ref * 1e3:.3f} ms)", flush=True)
+        res["online"].append(row)
+        # prediction only vs default vs tuned, timed in one run
+        times = {}
+        for kind, kw in (("default", {}), ("predicted", {"predict": str(loo[m])}),
+                         ("tuned (full log)", {"tuning_log": Path(args.logs_dir) / f"{m}-{args.target}.jsonl"})):
+            so = tmp / f"{m}-{kind.split()[0]}.so"
+            c = deploytool.compile(onnx_path, target=args.target, output=so, **kw)
+            b = deploytool.bench(so, repeats=30)
+            times[kind] = {"median_ms": b.deploytool.median_ms,
+                           "predicted_kernels": sum(1 for v in c.schedules.values() if v == "predicted")}
+        res["predict"].append({"model": m, **times})
+        print(f"predict {m}: {times}", flush=True)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pretrain.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
+    lines = [f"Dataset: {res['dataset']['records']} records of {res['dataset']['kernels']} kernels from "
+             f"{', '.join(models)} ({res['dataset']['family']}).", "",
+             "Offline, each model held out (pretrained on the others):", "",
+             "| held-out model | pairwise acc. | random | top-10 recall | random | top-1 score | random |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["offline"]:
+        p, q = r["pretrained"], r["random"]
+        lines.append(f"| {r['model']} | {p['pairwise_accuracy']:.3f} | {q['pairwise_accuracy']:.3f} | "
+                     f"{p['top10_recall']:.3f} | {q['top10_recall']:.3f} | {p['top1_score']:.3f} | {q['top1_score']:.3f} |")
+    if res["online"]:
+        lines += ["", f"Online, {args.trials_per_task} trials per kernel (estimated end to end, ms):", "",
+                  "| model | cost model | seed | untuned | after the budget | reference (64/kernel) | trials to 95% of ref |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for row in res["online"]:
+            for run in row["runs"]:
+                lines.append(f"| {row['model']} | {run['kind']} | {run['seed']} | {run['untuned_ms']:.3f} | "
+                             f"{run['final_ms']:.3f} | {row['reference_ms']:.3f} | "
+                             f"{run['trials_to_95pct_of_reference'] or 'not reached'} |")
+    if res["predict"]:
+        lines += ["", "Prediction only (`compile --predict`, the model pretrained without the model), timed in one run:",
+                  "", "| model | default ms | predicted ms (kernels changed) | tuned ms |", "|---|---:|---:|---:|"]
+        for r in res["predict"]:
+            lines.append(f"| {r['model']} | {r['default']['median_ms']:.3f} | {r['predicted']['median_ms']:.3f} "
+                         f"({r['predicted']['predicted_kernels']}) | {r['tuned (full log)']['median_ms']:.3f} |")
+    md = "\n".join(lines) + "\n"
+    (out / "pretrain.md").write_text(md)
+    print(md)
+    if res["online"]:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, len(res["online"]), figsize=(6 * len(res["online"]), 4), squeeze=False)
+        for ax, row in zip(axes[0], res["online"]):
+            for run in row["runs"]:
+                xs, ys = zip(*run["curve_ms"])
+                ax.plot(xs, ys, label=f"{run['kind']} (seed {run['seed']})")
+            ax.axhline(row["reference_ms"], color="gray", ls="--", label="reference (64 trials/kernel)")
+            ax.set_title(row["model"])
+            ax.set_xlabel("trials")
+            ax.set_ylabel("estimated end to end (ms)")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "pretrain.png", dpi=90)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

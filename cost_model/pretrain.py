@@ -1,0 +1,218 @@
+"""Pretraining the cost model on tuning logs (TenSet-style), per target family.
+
+The tuning logs are the dataset: every record (a schedule trace and its measured latency, or its
+failure) is replayed on its workload and featurized the way the tuner does, so a pretrained model
+sees exactly the features it will be asked about. Labels are the tuner's: log(best / latency)
+within each workload, so what transfers is the ranking inside a kernel, not absolute speed.
+
+    python -m deploytool.cost_model.pretrain dataset LOG.jsonl ... -o DATA.npz   # build / update
+    python -m deploytool.cost_model.pretrain train DATA.npz ... -o cost_model/pretrained/FAMILY.ubj
+                                                     [--exclude MODEL]            # leave one model out
+    python -m deploytool.cost_model.pretrain eval MODEL.json DATA.npz --only MODEL # held-out ranking
+
+A dataset holds one target family (``family_of``); ``dataset`` refuses to mix families, and adding
+a log that is already in it (same sha256) replaces its rows. ``tune`` loads
+``cost_model/pretrained/<family>.ubj`` by default and fine-tunes it with the run's measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+
+
+def family_of(target) -> str:
+    """The target family a pretrained model serves: x86-avx512, x86-avx2, aarch64-neon,
+    cuda-sm_XX, or the preset's family and arch otherwise."""
+    if target.family == "cuda":
+        return f"cuda-{target.tvm.get('arch', 'sm_90')}"
+    feats = set(target.required_features)
+    mattr = target.tvm.get("mattr", [])
+    mattr = set(mattr if isinstance(mattr, list) else str(mattr).split(","))
+    if target.arch == "x86_64":
+        if "avx512f" in feats or "+avx512f" in mattr or str(target.tvm.get("mcpu", "")) in (
+                "skylake-avx512", "cascadelake", "icelake-server", "sapphirerapids", "znver4", "znver5"):
+            return "x86-avx512"
+        return "x86-avx2"
+    if target.arch == "aarch64":
+        return "aarch64-neon"
+    return f"{target.family}-{target.arch}"
+
+
+def pretrained_path(target) -> Path | None:
+    p = PRETRAINED_DIR / f"{family_of(target)}.ubj"
+    return p if p.is_file() else None
+
+
+def resolve(choice: str, target) -> Path | None:
+    """``--cost-model``: "none" (learn from scratch), "pretrained" (this family's shipped model, or
+    none when there is no such file), or a model file. Raises FileNotFoundError for a missing file."""
+    if choice in (None, "", "none"):
+        return None
+    if choice == "pretrained":
+        return pretrained_path(target)
+    p = Path(choice)
+    if not p.is_file() or not p.with_suffix(".meta.json").is_file():
+        raise FileNotFoundError(choice)
+    return p
+
+
+# ----------------------------------------------------------------------------- dataset
+def _model_name(path: Path, header: dict) -> str:
+    """The model a log belongs to: its file name up to the target ("resnet50-x86-avx512.jsonl")."""
+    stem = path.name.removesuffix(".jsonl")
+    tname = header.get("target", {}).get("name", "")
+    for sep in (f"-b1-float32-{tname}", f"-{tname}"):
+        if tname and sep in stem:
+            return stem.split(sep)[0]
+    return stem
+
+
+def rows_from_log(path: str | Path, progress=None) -> dict:
+    """Featurized rows of one tuning log: X (n, F), latency (n,), group (n,) workload hashes."""
+    from deploytool import targets
+    from deploytool.cost_model import dataset
+    from deploytool.tuninglog import TuningLog
+
+    tlog = TuningLog.read(path)
+    target = targets.load(tlog.target_name)
+    groups = dataset.groups_from_log(tlog, target, min_records=4)
+    X = np.concatenate([g.feats for g in groups]) if groups else np.zeros((0, 0), np.float32)
+    return {
+        "X": X.astype(np.float32),
+        "latency": np.concatenate([g.latencies for g in groups]) if groups else np.zeros(0),
+        "group": np.concatenate([[g.workload] * len(g.latencies) for g in groups]) if groups else np.zeros(0, "U1"),
+        "family": family_of(target), "model": _model_name(Path(path), tlog.header), "sha256": tlog.sha256(),
+        "emulated": bool(tlog.header.get("emulated")),
+    }
+
+
+def load_dataset(path: str | Path) -> dict:
+    d = np.load(path, allow_pickle=False)
+    return {k: d[k] for k in d.files}
+
+
+def build_dataset(log_paths, out: str | Path) -> dict:
+    """Add the logs' rows to the dataset at ``out`` (created if missing); a log already in it (same
+    sha256) replaces its rows. Emulated boards' logs are refused: their timings rank nothing."""
+    out = Path(out)
+    data = load_dataset(out) if out.is_file() else None
+    for p in log_paths:
+        t0 = time.perf_counter()
+        r = rows_from_log(p)
+        if r["emulated"]:
+            raise ValueError(f"'{p}' was measured on an emulated board: its latencies do not rank schedules")
+        if data is not None and str(data["family"]) != r["family"]:
+            raise ValueError(f"'{p}' is for {r['family']}, the dataset {out} for {data['family']}")
+        n = len(r["latency"])
+        new = {"X": r["X"], "latency": r["latency"], "group": r["group"].astype("U64"),
+               "model": np.array([r["model"]] * n, "U64"), "log_sha": np.array([r["sha256"]] * n, "U64")}
+        if data is not None:
+            keep = data["log_sha"] != r["sha256"]
+            new = {k: np.concatenate([data[k][keep], new[k]]) for k in new}
+        new["family"] = np.array(r["family"])
+        data = new
+        print(f"{p}: {n} records of {len(set(r['group']))} kernels ({r['family']}, model {r['model']}) "
+              f"in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out, **data)
+    return data
+
+
+def _select(data: dict, exclude=(), only=()) -> dict:
+    m = np.ones(len(data["latency"]), bool)
+    if exclude:
+        m &= ~np.isin(data["model"], list(exclude))
+    if only:
+        m &= np.isin(data["model"], list(only))
+    return {k: (v[m] if np.ndim(v) and len(v) == len(m) else v) for k, v in data.items()}
+
+
+def fit(data: dict, exclude=(), seed: int = 0, nthread: int | None = None):
+    """An XGBCostModel trained on every workload of ``data`` (less the excluded models)."""
+    from deploytool.cost_model.model import XGBCostModel
+
+    d = _select(data, exclude=exclude)
+    m = XGBCostModel(seed=seed, nthread=nthread)
+    for g in np.unique(d["group"]):
+        sel = d["group"] == g
+        m.add(str(g), d["X"][sel], d["latency"][sel])
+    m.fit()
+    return m
+
+
+def evaluate(model, data: dict, only=(), k: int = 10) -> dict:
+    """Ranking quality on ``data`` (restricted to ``only`` models): pairwise accuracy over all
+    workloads, mean top-k recall, and the mean normalized throughput of the model's top-1 pick
+    (TenSet's top-1 score: 1.0 = it picks the best measured candidate of every kernel)."""
+    from deploytool.cost_model.dataset import pairwise_accuracy, top_k_recall
+    from deploytool.cost_model.model import normalized_throughput
+
+    d = _select(data, only=only)
+    right = total = 0
+    recalls, top1 = [], []
+    for g in np.unique(d["group"]):
+        sel = d["group"] == g
+        lat = d["latency"][sel]
+        if (lat < 1e10).sum() < 2:
+            continue
+        s = model.predict(d["X"][sel]) if hasattr(model, "predict") else model(d["X"][sel])
+        r, t = pairwise_accuracy(s, lat)
+        right, total = right + r, total + t
+        recalls.append(top_k_recall(s, lat, k))
+        top1.append(float(normalized_throughput(lat)[int(np.argmax(s))]))
+    return {"pairwise_accuracy": right / total if total else float("nan"), "pairs": total,
+            f"top{k}_recall": float(np.mean(recalls)) if recalls else float("nan"),
+            "top1_score": float(np.mean(top1)) if top1 else float("nan"), "kernels": len(top1)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m deploytool.cost_model.pretrain", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("dataset", help="build or update a training set from tuning logs")
+    a.add_argument("logs", nargs="+")
+    a.add_argument("-o", "--output", required=True)
+    a = sub.add_parser("train", help="pretrain a model on datasets")
+    a.add_argument("data")
+    a.add_argument("-o", "--output", required=True)
+    a.add_argument("--exclude", action="append", default=[], help="leave this model's rows out (repeatable)")
+    a.add_argument("--seed", type=int, default=0)
+    a = sub.add_parser("eval", help="ranking quality of a model on (held-out) dataset rows")
+    a.add_argument("model")
+    a.add_argument("data")
+    a.add_argument("--only", action="append", default=[])
+    args = ap.parse_args(argv)
+    if args.cmd == "dataset":
+        d = build_dataset(args.logs, args.output)
+        print(f"{args.output}: {len(d['latency'])} records, {len(np.unique(d['group']))} kernels, "
+              f"models {', '.join(sorted(set(d['model'].tolist())))} ({d['family']})")
+    elif args.cmd == "train":
+        data = load_dataset(args.data)
+        m = fit(data, exclude=args.exclude, seed=args.seed)
+        m.save(args.output)
+        meta_path = Path(args.output).with_suffix(".meta.json")
+        meta = json.loads(meta_path.read_text())
+        meta.update(family=str(data["family"]), models=sorted(set(_select(data, args.exclude)["model"].tolist())),
+                    excluded=args.exclude)
+        meta_path.write_text(json.dumps(meta, indent=1) + "\n")
+        print(f"wrote {args.output}: {m.trained_on} records, {len(m.groups)} kernels ({data['family']})")
+    else:
+        from deploytool.cost_model.model import XGBCostModel
+
+        print(json.dumps(evaluate(XGBCostModel.load(args.model), load_dataset(args.data), only=args.only), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""The pretrained cost model: a dataset from tuning logs, pretraining, tuning from a pretrained model
+(--cost-model) and prediction-only compiles (--predict). Real logs, real TVM builds and runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_cli import assert_one_line_error
+
+pytestmark = pytest.mark.tuning
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = REPO / "tuning_logs" / "squeezenet1.0-x86-avx512.jsonl"
+TINY = ["--trials-per-task", "2", "--batch", "2", "--repeat", "2", "--min-repeat-ms", "2"]
+
+
+def _pretrain(*args):
+    return subprocess.run([sys.executable, "-m", "deploytool.cost_model.pretrain", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """A dataset from the shipped squeezenet log, and a model trained on it."""
+    d = tmp_path_factory.mktemp("pretrain")
+    data, model = d / "x86-avx512.npz", d / "sq.ubj"
+    r = _pretrain("dataset", SHIPPED, "-o", data)
+    assert r.returncode == 0, r.stderr
+    r = _pretrain("train", data, "-o", model)
+    assert r.returncode == 0, r.stderr
+    return data, model
+
+
+def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
+    from deploytool.cost_model import pretrain as P
+
+    data, model = pretrained
+    d = P.load_dataset(data)
+    n = len(d["latency"])
+    assert n > 100 and str(d["family"]) == "x86-avx512" and set(d["model"].tolist()) == {"squeezenet1.0"}
+    assert d["X"].shape == (n, 657)
+    r = _pretrain("dataset", SHIPPED, "-o", data)  # the same log again replaces its rows
+    assert r.returncode == 0 and len(P.load_dataset(data)["latency"]) == n
+    meta = json.loads(model.with_suffix(".meta.json").read_text())
+    assert meta["family"] == "x86-avx512" and meta["trained_on"] == n
+    ev = json.loads(_pretrain("eval", model, data).stdout)
+    # on its own training rows the model must rank far better than chance
+    assert ev["pairwise_accuracy"] > 0.7 and ev["kernels"] >= 10
+
+
+def test_tune_starts_from_a_pretrained_model(cli, tiny_model, tmp_path, pretrained):
+    _, model = pretrained
+    log = tmp_path / "t.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, *TINY, "--cost-model", model)
+    assert r.code == 0, r
+    assert f"cost model: {model.name} (pretrained" in r.err
+    r = cli("tune", tiny_model, "--target", "x86-avx512", "-o", tmp_path / "u.jsonl", *TINY, "--cost-model", "none")
+    assert r.code == 0 and "learned from scratch" in r.err, r
+    assert_one_line_error(cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, "--cost-model",
+                              tmp_path / "nope.ubj"), "is not a cost model file")
+
+
+def test_predict_compiles_checks_and_refuses_unknown_families(cli, tiny_model, tmp_path, pretrained):
+    _, model = pretrained
+    so = tmp_path / "p.so"
+    r = cli("compile", tiny_model, "--target", "x86-avx512", "--predict", model, "-o", so)
+    assert r.code == 0, r
+    assert "nothing measured" in r.err and "schedules:" in r.out
+    r = cli("run", so, "--check", tiny_model)
+    assert r.code == 0 and "check passed" in r.out, r
+    assert_one_line_error(cli("compile", tiny_model, "--target", "arm", "--predict", "-o", tmp_path / "a.so"),
+                          "no pretrained cost model for aarch64-neon")
+
+
+def test_target_families():
+    from deploytool import targets
+    from deploytool.cost_model.pretrain import family_of
+
+    assert family_of(targets.load("x86-avx512")) == "x86-avx512"
+    assert family_of(targets.load("x86-avx2")) == "x86-avx2"
+    assert family_of(targets.load("arm")) == "aarch64-neon"
+    assert family_of(targets.load("cuda-sm80")) == "cuda-sm_80"
