@@ -47,15 +47,48 @@ def trials_to(curve, target_s: float):
     return None
 
 
+def markdown(res: dict, trials_per_task: int) -> str:
+    models = res["dataset"]["models"]
+    lines = [f"Dataset: {res['dataset']['records']} records of {res['dataset']['kernels']} kernels from "
+             f"{', '.join(models)} ({res['dataset']['family']}).", "",
+             "Offline, each model held out (pretrained on the others):", "",
+             "| held-out model | pairwise acc. | random | top-10 recall | random | top-1 score | random |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in res["offline"]:
+        p, q = r["pretrained"], r["random"]
+        lines.append(f"| {r['model']} | {p['pairwise_accuracy']:.3f} | {q['pairwise_accuracy']:.3f} | "
+                     f"{p['top10_recall']:.3f} | {q['top10_recall']:.3f} | {p['top1_score']:.3f} | {q['top1_score']:.3f} |")
+    if res["online"]:
+        lines += ["", f"Online, {trials_per_task} trials per kernel (estimated end to end, ms):", "",
+                  "| model | cost model | seed | untuned | after the budget | reference (64/kernel) | trials to 95% of ref |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
+        for row in res["online"]:
+            for run in row["runs"]:
+                lines.append(f"| {row['model']} | {run['kind']} | {run['seed']} | {run['untuned_ms']:.3f} | "
+                             f"{run['final_ms']:.3f} | {row['reference_ms']:.3f} | "
+                             f"{run['trials_to_95pct_of_reference'] or 'not reached'} |")
+    if res["predict"]:
+        lines += ["", "Prediction only (`compile --predict`, the model pretrained without the model), timed in one run:",
+                  "", "| model | default ms | predicted ms (kernels changed) | tuned ms |", "|---|---:|---:|---:|"]
+        for r in res["predict"]:
+            lines.append(f"| {r['model']} | {r['default']['median_ms']:.3f} | {r['predicted']['median_ms']:.3f} "
+                         f"({r['predicted']['predicted_kernels']}) | {r['tuned (full log)']['median_ms']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("data")
     ap.add_argument("--logs-dir", required=True)
     ap.add_argument("--target", default="x86-avx512")
     ap.add_argument("--online", default="ds_cnn_1d,squeezenet")
+    ap.add_argument("--predict-models", default=None, help="models for the prediction-only section "
+                    "(default: the --online ones)")
     ap.add_argument("--trials-per-task", type=int, default=8)
     ap.add_argument("--seeds", default="0")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--keep", help="a previous pretrain.json whose offline and online sections are kept "
+                    "(rerun only the prediction section with --online '')")
     args = ap.parse_args()
 
     import deploytool
@@ -99,7 +132,10 @@ def main() -> int:
                 print(f"online {m} {kind} seed {seed}: {run['final_ms']:.3f} ms after {run['trials']} trials "
                       f"(reference {ref * 1e3:.3f} ms)", flush=True)
         res["online"].append(row)
+    predict_models = args.online if args.predict_models is None else args.predict_models
+    for m in [x for x in predict_models.split(",") if x]:
         # prediction only vs default vs tuned, timed in one run
+        onnx_path = benchmark.materialize(entries[m], cache)
         times = {}
         for kind, kw in (("default", {}), ("predicted", {"predict": str(loo[m])}),
                          ("tuned (full log)", {"tuning_log": Path(args.logs_dir) / f"{m}-{args.target}.jsonl"})):
@@ -111,34 +147,13 @@ def main() -> int:
         res["predict"].append({"model": m, **times})
         print(f"predict {m}: {times}", flush=True)
 
+    if args.keep:
+        prev = json.loads(Path(args.keep).read_text())
+        res["offline"], res["online"] = prev["offline"], prev["online"]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pretrain.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
-    lines = [f"Dataset: {res['dataset']['records']} records of {res['dataset']['kernels']} kernels from "
-             f"{', '.join(models)} ({res['dataset']['family']}).", "",
-             "Offline, each model held out (pretrained on the others):", "",
-             "| held-out model | pairwise acc. | random | top-10 recall | random | top-1 score | random |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in res["offline"]:
-        p, q = r["pretrained"], r["random"]
-        lines.append(f"| {r['model']} | {p['pairwise_accuracy']:.3f} | {q['pairwise_accuracy']:.3f} | "
-                     f"{p['top10_recall']:.3f} | {q['top10_recall']:.3f} | {p['top1_score']:.3f} | {q['top1_score']:.3f} |")
-    if res["online"]:
-        lines += ["", f"Online, {args.trials_per_task} trials per kernel (estimated end to end, ms):", "",
-                  "| model | cost model | seed | untuned | after the budget | reference (64/kernel) | trials to 95% of ref |",
-                  "|---|---|---:|---:|---:|---:|---:|"]
-        for row in res["online"]:
-            for run in row["runs"]:
-                lines.append(f"| {row['model']} | {run['kind']} | {run['seed']} | {run['untuned_ms']:.3f} | "
-                             f"{run['final_ms']:.3f} | {row['reference_ms']:.3f} | "
-                             f"{run['trials_to_95pct_of_reference'] or 'not reached'} |")
-    if res["predict"]:
-        lines += ["", "Prediction only (`compile --predict`, the model pretrained without the model), timed in one run:",
-                  "", "| model | default ms | predicted ms (kernels changed) | tuned ms |", "|---|---:|---:|---:|"]
-        for r in res["predict"]:
-            lines.append(f"| {r['model']} | {r['default']['median_ms']:.3f} | {r['predicted']['median_ms']:.3f} "
-                         f"({r['predicted']['predicted_kernels']}) | {r['tuned (full log)']['median_ms']:.3f} |")
-    md = "\n".join(lines) + "\n"
+    md = markdown(res, args.trials_per_task)
     (out / "pretrain.md").write_text(md)
     print(md)
     if res["online"]:

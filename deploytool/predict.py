@@ -2,11 +2,11 @@
 nothing measured -- for targets that cannot be measured (a board you don't have, microcontrollers
 behind no RPC) or when there is no time to tune.
 
-Per kernel: the default schedule plus ``samples`` random points of the target's tiling space
-(MetaSchedule's design space with its postprocessors applied, exactly as the tuner would measure
-them), featurized like the tuner does, ranked by the pretrained model; the top one is used. The
-default schedule competes on the model's word too, so a prediction can lose to it: how close this
-gets to measured tuning is benchmarked in bench/pretrain.py.
+Per kernel: the default schedule plus ``samples`` schedules a few mutations away from it (the
+tuner's own mutators on its knobs, postprocessors applied exactly as the tuner would measure
+them), featurized like the tuner does, ranked by the pretrained model; the top one replaces the
+default when the model predicts it ``MARGIN`` faster. How close this gets to measured tuning is
+benchmarked in bench/pretrain.py.
 """
 
 from __future__ import annotations
@@ -21,41 +21,63 @@ log = logging.getLogger(__name__)
 MARGIN = 0.3
 
 
+def _apply(wmod, trace, postprocs):
+    """A schedule of ``wmod`` from ``trace`` with the postprocessors applied, or None."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(wmod)
+    try:
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        for p in postprocs:
+            if not p.apply(sch):
+                return None
+    except Exception:
+        return None
+    return sch
+
+
 def _candidates(wmod, target, samples: int, seed: int):
+    """The default schedule, then up to ``samples`` schedules a few mutations away from it: its
+    register tile, parallel extent and unroll knobs changed by the tuner's own mutators (a walk from
+    the default, each step from a random earlier point). Near the default is where the tuning logs
+    the model learned from have most of their records; uniform samples of the whole tiling space
+    were ranked badly (README)."""
+    import random
+
     from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
     from deploytool.schedules import space
 
     with space.without_tensor_intrinsics(target):
-        ctx = ms.TuneContext(mod=wmod, target=target.tvm_target(), space_generator=space.space_generator(target, False),
+        ctx = ms.TuneContext(mod=wmod, target=target.tvm_target(), space_generator=space.space_generator(target, True),
                              task_name="predict", rand_state=seed or 1, num_threads=1)
     post = list(ctx.space_generator.postprocs)
-    out = []
+    mutators = list(ctx.space_generator.mutator_probs.items())
     try:
         default = space.default_schedule_fn(target)(s_tir.Schedule(wmod))
-        out.append(("default", default))
     except Exception as e:  # no default rule for this kernel
         log.debug("no default schedule: %s", e)
+        return ctx, []
+    out = [("default", default)]
+    pool = [default.trace]
+    seen = {str(default.trace)}
+    rng = random.Random(seed)
     tries = 0
-    while len(out) < samples + 1 and tries < 4 * samples:
+    while len(out) < samples + 1 and tries < 8 * samples and mutators:
         tries += 1
+        m = rng.choices([m for m, _ in mutators], weights=[float(p) for _, p in mutators])[0]
         try:
-            sketches = ctx.space_generator.generate_design_space(wmod)
-        except Exception as e:
-            log.debug("design space: %s", e)
-            break
-        for sch in sketches:
-            ok = True
-            for p in post:
-                try:
-                    ok = p.apply(sch)
-                except Exception:
-                    ok = False
-                if not ok:
-                    break
-            if ok:
-                out.append(("predicted", sch))
+            t = m.apply(rng.choice(pool))
+        except Exception:
+            t = None
+        if t is None or str(t) in seen:
+            continue
+        seen.add(str(t))
+        sch = _apply(wmod, t, post)
+        if sch is not None:
+            pool.append(t)
+            out.append(("predicted", sch))
     return ctx, out
 
 
