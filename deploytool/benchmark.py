@@ -301,6 +301,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "cost_model.md"
     if f.is_file():
         parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())
+    f = results_dir / "pretrain.md"
+    if f.is_file():
+        parts.append("## Pretrained cost model, leave one model out: `python bench/pretrain.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))
 
 
