@@ -97,7 +97,8 @@ class InspectResult:
             "op_histogram": dict(i.op_histogram.most_common()),
             "param_count": i.initializer_count,
             "param_bytes": i.initializer_bytes,
-            "unsupported_ops": i.unsupported,
+            "unsupported_ops": i.blocking,
+            "expanded_from_function_bodies": sorted(i.expandable),
             "left_out": i.left_out,
             "tasks": [t.to_dict() for t in self.tasks] if self.tasks is not None else None,
             "tasks_error": self.tasks_error,
@@ -110,7 +111,7 @@ def inspect(model: str | Path, *, target: str = "x86", input_shapes=None) -> Ins
     onnx_model = load_onnx(model)
     info = model_info(onnx_model, model)
     result = InspectResult(info=info)
-    if info.unsupported or info.left_out:
+    if info.blocking or info.left_out:
         result.tasks_error = "the model has unsupported operators or values (listed above)"
         return result
     from deploytool.pipeline import optimize, partition, tasks

@@ -70,10 +70,11 @@ def cmd_inspect(args) -> int:
     print(f"operators  {sum(i.op_histogram.values())} nodes, {len(i.op_histogram)} types")
     for op, n in i.op_histogram.most_common():
         mark = (f"   LEFT OUT ({i.left_out[op]})" if op in i.left_out
+                else "   (imported from its ONNX function body)" if op in i.expandable
                 else "   UNSUPPORTED" if op in i.unsupported else "")
         print(f"  {n:6d}  {op}{mark}")
-    if i.unsupported:
-        print(f"unsupported: {len(i.unsupported)} operator type(s): {', '.join(sorted(i.unsupported))}")
+    if i.blocking:
+        print(f"unsupported: {len(i.blocking)} operator type(s): {', '.join(sorted(i.blocking))}")
     if i.left_out:
         print("left out by design (training, strings, sequence/optional/map values): "
               + "; ".join(f"{k}: {v}" for k, v in sorted(i.left_out.items())))

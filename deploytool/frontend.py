@@ -33,8 +33,14 @@ class ModelInfo:
     op_histogram: Counter
     initializer_count: int
     initializer_bytes: int
-    unsupported: dict[str, int] = field(default_factory=dict)
+    unsupported: dict[str, int] = field(default_factory=dict)  # no TVM converter (nor one of deploytool's)
     left_out: dict[str, str] = field(default_factory=dict)  # see left_out()
+    expandable: set[str] = field(default_factory=set)  # of the unsupported: imported through their ONNX function body
+
+    @property
+    def blocking(self) -> dict[str, int]:
+        """The unsupported operators import cannot get past (no ONNX function body either)."""
+        return {k: v for k, v in self.unsupported.items() if k not in self.expandable}
 
     @property
     def opset(self) -> int:
@@ -190,6 +196,18 @@ TRAINING_DOMAIN = "ai.onnx.preview.training"
 STRING_OPS = {"StringNormalizer", "RegexFullMatch", "StringConcat", "StringSplit", "TfIdfVectorizer", "LabelEncoder"}
 
 
+def has_function_body(op_type: str, opset: int, domain: str = "") -> bool:
+    """Whether ONNX's schema of ``op_type`` at ``opset`` has a function body (deploytool expands
+    such an operator when TVM has no converter for it)."""
+    from onnx import defs
+
+    try:
+        schema = defs.get_schema(op_type, opset, domain)
+    except Exception:
+        return False
+    return bool(schema.has_function or schema.has_context_dependent_function)
+
+
 def left_out(model) -> dict[str, str]:
     """What in ``model`` falls under what deploytool leaves out by design: {operator, or
     'input NAME' / 'output NAME': why}."""
@@ -221,14 +239,17 @@ def model_info(model, path: str | Path) -> ModelInfo:
             dyn[vi.name] = d
     outs = [_value_spec(vi)[0] for vi in model.graph.output]
     n_params, n_bytes = count_parameters(model)
+    unsupported = unsupported_ops(model)
+    opset = _default_domain({o.domain: o.version for o in model.opset_import})
     return ModelInfo(
         path=str(path), sha256=sha256_file(path), ir_version=model.ir_version,
         opsets={o.domain: o.version for o in model.opset_import},
         producer=f"{model.producer_name} {model.producer_version}".strip(),
         inputs=ins, outputs=outs, dynamic_dims=dyn,
         op_histogram=Counter(n.op_type for n in iter_nodes(model.graph)),
-        initializer_count=n_params, initializer_bytes=n_bytes, unsupported=unsupported_ops(model),
+        initializer_count=n_params, initializer_bytes=n_bytes, unsupported=unsupported,
         left_out=left_out(model),
+        expandable={op for op in unsupported if "::" not in op and has_function_body(op, opset)},
     )
 
 
