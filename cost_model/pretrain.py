@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from deploytool.errors import DeploytoolError
+
 log = logging.getLogger(__name__)
 
 PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
@@ -78,7 +80,7 @@ def _model_name(path: Path, header: dict) -> str:
     return stem
 
 
-def rows_from_log(path: str | Path, progress=None) -> dict:
+def rows_from_log(path: str | Path) -> dict:
     """Featurized rows of one tuning log: X (n, F), latency (n,), group (n,) workload hashes."""
     from deploytool import targets
     from deploytool.cost_model import dataset
@@ -193,6 +195,14 @@ def main(argv=None) -> int:
     a.add_argument("data")
     a.add_argument("--only", action="append", default=[])
     args = ap.parse_args(argv)
+    try:
+        return _run(args)
+    except (DeploytoolError, ValueError, OSError) as e:  # bad input: one line, exit 2 (as deploytool's CLI)
+        print(f"deploytool: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     if args.cmd == "dataset":
         d = build_dataset(args.logs, args.output)
         print(f"{args.output}: {len(d['latency'])} records, {len(np.unique(d['group']))} kernels, "

@@ -459,7 +459,8 @@ def _cost_model_file(choice: str, tgt):
     try:
         return pretrain.resolve(choice, tgt)
     except FileNotFoundError:
-        raise InputError(f"--cost-model '{choice}' is not a cost model file (a .json with its .meta.json next to it)",
+        raise InputError(f"--cost-model '{choice}' is not a cost model file (a .ubj or .json with its .meta.json "
+                         "next to it)",
                          "pass none, pretrained, or a file written by `python -m deploytool.cost_model.pretrain "
                          "train`") from None
 

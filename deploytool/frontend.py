@@ -240,7 +240,7 @@ def model_info(model, path: str | Path) -> ModelInfo:
     outs = [_value_spec(vi)[0] for vi in model.graph.output]
     n_params, n_bytes = count_parameters(model)
     unsupported = unsupported_ops(model)
-    opset = _default_domain({o.domain: o.version for o in model.opset_import})
+    opset = default_opset(model)
     return ModelInfo(
         path=str(path), sha256=sha256_file(path), ir_version=model.ir_version,
         opsets={o.domain: o.version for o in model.opset_import},
@@ -509,8 +509,8 @@ def import_onnx(path: str | Path, input_shapes: dict[str, tuple[int, ...]] | Non
     # late: converters that need static shapes and constant operands (DFT, Resize, ...)
     if onnx_converters.convert(model):
         model = onnx_passes.fold_constants(model)
-    left = Counter(n.op_type for n in model.graph.node if n.op_type in onnx_converters.CONVERTERS
-                   and n.op_type not in _tvm_ops())
+    converter_only = set(onnx_converters.CONVERTERS) - _tvm_ops()
+    left = Counter(n.op_type for n in model.graph.node if n.op_type in converter_only)
     if left:
         raise UnsupportedOperatorError(dict(left), "deploytool converts these only when the shapes and the "
                                        "operands they depend on are known at compile time: fix the input shapes "

@@ -4,9 +4,10 @@ forms, rewritten at the ONNX level into operators it imports correctly (TVM is n
 Each converter takes a node and a :class:`Ctx` (element types, known shapes and constant values
 from onnx's shape inference) and returns replacement nodes, or None to leave the node as it is
 (TVM's converter handles that form, or the information the rewrite needs is not known yet).
-``convert`` runs twice during import: early, before the model's interface is widened (quantize /
-dequantize of 2/4/8-bit types must be rewritten before then), and late, after input shapes are
-fixed and constants folded (DFT and Resize need static shapes and constant operands).
+``convert`` runs three times during import: early, before the model's interface is widened
+(quantize / dequantize of 2/4/8-bit types must be rewritten before then), after function
+expansion (bodies can hold ops a converter takes), and late, after input shapes are fixed and
+constants folded (DFT and Resize need static shapes and constant operands).
 
 Every rewrite computes what ONNX's reference implementation computes (the node tests check it):
 quantized ops through integer/float arithmetic, DFT and Resize as products with matrices built at
@@ -20,15 +21,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from deploytool.onnx_passes import FLOAT_TYPES, MINIFLOATS, SUBBYTE_CARRIER
+
 log = logging.getLogger(__name__)
 
 _STD = ("", "ai.onnx")
-_FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
 # ONNX integer element types -> (min, max)
 INT_RANGES = {2: (0, 255), 3: (-128, 127), 4: (0, 65535), 5: (-32768, 32767), 6: (-2**31, 2**31 - 1),
               12: (0, 2**32 - 1), 21: (0, 15), 22: (-8, 7), 25: (0, 3), 26: (-2, 1)}
-SUBBYTE = {21, 22, 25, 26}  # UINT4, INT4, UINT2, INT2
-MINIFLOATS = {17, 18, 19, 20, 23, 24}  # float8 variants, FLOAT4E2M1, FLOAT8E8M0
+SUBBYTE = set(SUBBYTE_CARRIER)  # UINT4, INT4, UINT2, INT2
 # the largest matrix (elements) a DFT or Resize is turned into
 MAX_MATRIX = 1 << 24
 
@@ -229,7 +230,7 @@ def mod(node, ctx):
     divisor where the remainder is non-zero and its sign differs from the divisor's. TVM's
     x - floor(x / y) * y gives NaN for an infinite divisor where numpy gives x or the infinity."""
     x, y, n = node.input[0], node.input[1], ctx.name
-    if _attrs(node).get("fmod", 0) or ctx.elem.get(x) not in _FLOATS:
+    if _attrs(node).get("fmod", 0) or ctx.elem.get(x) not in FLOAT_TYPES:
         return None
     zero = ctx.const("zero", np.array(0.0, np.float32))
     return [_nd("Mod", [x, y], [n("r")], fmod=1), _nd("CastLike", [zero, x], [n("0")]),
@@ -508,10 +509,10 @@ def dft(node, ctx):
     sig = basis[..., 0] + (1j * basis[..., 1] if c == 2 else 0)
     out = transform(sig)  # (L*c, n_out, c_out)
     n_out, c_out = out.shape[1], out.shape[2]
-    if L * c * n_out * c_out > MAX_MATRIX or ctx.elem.get(x) not in _FLOATS:
+    if L * c * n_out * c_out > MAX_MATRIX or ctx.elem.get(x) not in FLOAT_TYPES:
         return None
-    matrix = out.reshape(L * c, n_out * c_out).T  # out x in
-    dtype = np.float64  # the reference computes in double; float32 sums drift past the node tests' 1e-7
+    # in x out, in double: the reference computes in double; float32 sums drift past the node tests' 1e-7
+    matrix = out.reshape(L * c, n_out * c_out)
     # (.., L, .., c): the signal axis and the complex axis next to each other, flattened, transformed
     perm = [d for d in range(rank) if d not in (axis, rank - 1)] + [axis, rank - 1]
     lead = [shape[d] for d in perm[:-2]]
@@ -522,7 +523,7 @@ def dft(node, ctx):
         nodes.append(_nd("Cast", [src], [nm("tc")], to=11))
         src = nm("tc")
     nodes += [_nd("Reshape", [src, ctx.const("s1", np.array(lead + [L * c], np.int64))], [nm("f")]),
-              _nd("MatMul", [nm("f"), ctx.const("m", matrix.T.astype(dtype))], [nm("y")]),
+              _nd("MatMul", [nm("f"), ctx.const("m", matrix)], [nm("y")]),
               _nd("Reshape", [nm("y"), ctx.const("s2", np.array(lead + [n_out, c_out], np.int64))], [nm("yr")])]
     inv = [int(i) for i in np.argsort(perm)]
     res = nm("yr")
@@ -630,7 +631,7 @@ def resize(node, ctx):
     x = node.input[0]
     shape = ctx.static_shape(x)
     roi_n, scales_n, sizes_n = _input(node, 1), _input(node, 2), _input(node, 3)
-    if shape is None or ctx.elem.get(x) not in _FLOATS or any(v and v not in ctx.consts for v in (roi_n, scales_n, sizes_n)):
+    if shape is None or ctx.elem.get(x) not in FLOAT_TYPES or any(v and v not in ctx.consts for v in (roi_n, scales_n, sizes_n)):
         return None
     attrs = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in _attrs(node).items()}
     scales = ctx.consts[scales_n] if scales_n and ctx.consts[scales_n].size else None
@@ -707,7 +708,7 @@ def _context(model):
     for node in g.node:
         if node.op_type == "Constant" and node.domain in _STD:
             t = next((a.t for a in node.attribute if a.name == "value"), None)
-            if t is not None and t.name is not None:
+            if t is not None:
                 try:
                     ctx.consts[node.output[0]] = numpy_helper.to_array(t)
                 except Exception:

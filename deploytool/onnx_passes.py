@@ -170,14 +170,14 @@ def expand_functions(model, ops: set[str]):
     return model, expanded
 
 
-_FLOATS = {1, 10, 11, 16}  # float, float16, double, bfloat16
+FLOAT_TYPES = {1, 10, 11, 16}  # float, float16, double, bfloat16
 
 
 def _pow_needs_cast(node, elem) -> bool:
     """TVM's Pow wants one float type for base and exponent; ONNX allows an integer base and mixed
     types (the result has the base's type)."""
     tb, te = elem.get(node.input[0]), elem.get(node.input[1])
-    return tb is not None and te is not None and (tb != te or tb not in _FLOATS)
+    return tb is not None and te is not None and (tb != te or tb not in FLOAT_TYPES)
 
 
 def _pow_in_float(node, elem) -> list:
@@ -185,7 +185,7 @@ def _pow_in_float(node, elem) -> list:
     from onnx import TensorProto, helper
 
     tb = elem[node.input[0]]
-    ft = tb if tb in _FLOATS else TensorProto.DOUBLE
+    ft = tb if tb in FLOAT_TYPES else TensorProto.DOUBLE
     y = node.output[0]
     nodes = []
     x = node.input[0]
@@ -268,7 +268,7 @@ def _fold_once(model):
                 new_inits.append(numpy_helper.from_array(consts[name], name))
             node.input[1] = name
             rewritten = True
-        if node.op_type == "OneHot" and elem.get(node.input[0]) in _FLOATS:  # float indices: TVM wants ints
+        if node.op_type == "OneHot" and elem.get(node.input[0]) in FLOAT_TYPES:  # float indices: TVM wants ints
             cast = f"{node.input[0]}__int64"
             keep_nodes.append(helper.make_node("Cast", [node.input[0]], [cast], to=7))
             node.input[0] = cast

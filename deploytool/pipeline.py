@@ -186,17 +186,13 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
     """Schedule every task that has a record in ``tuning_log`` with its best record's trace.
     ``report`` gets kernel name -> "tuned". With ``require_tuned``, a task without a record is a
     TuningLogError naming every such kernel (CI mode)."""
-    from tvm import tirx
-
-    from deploytool.schedules.space import replay_trace, workload_module
+    from deploytool.schedules.space import as_scheduled, replay_trace, unscheduled_kernels, workload_module
     from deploytool.tuninglog import TuningLogError
 
     tuning_log.check_target(target)
     best = tuning_log.best_by_workload()
     missing, updated = [], {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
-            continue
+    for gv, func in unscheduled_kernels(mod):
         rec = best.get(workload_hash(func))
         if rec is None:
             missing.append(gv.name_hint)
@@ -207,10 +203,7 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
             log.warning("record for %s does not apply (%s): default schedule used", gv.name_hint, describe(e))
             missing.append(gv.name_hint)
             continue
-        new = sch.mod["main"].without_attr("global_symbol")
-        if func.attrs is not None and "global_symbol" in func.attrs:
-            new = new.with_attr("global_symbol", func.attrs["global_symbol"])
-        updated[gv] = new.with_attr("tirx.is_scheduled", True)
+        updated[gv] = as_scheduled(func, sch)
         if report is not None:
             report[gv.name_hint] = "tuned"
     if missing and require_tuned:
@@ -236,10 +229,7 @@ def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, r
     if predict_model is not None:
         from deploytool.predict import predict_schedules
 
-        predicted: dict[str, str] = {}
-        mod = predict_schedules(mod, target, predict_model, report=predicted)
-        if report is not None:  # a kernel whose default won keeps its rule's name from apply_defaults
-            report.update({k: v for k, v in predicted.items() if v == "predicted"})
+        mod = predict_schedules(mod, target, predict_model, report=report)
     return schedules.apply_defaults(mod, target, report)
 
 

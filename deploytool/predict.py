@@ -37,7 +37,8 @@ def _apply(wmod, trace, postprocs):
 
 
 def _candidates(wmod, target, samples: int, seed: int):
-    """The default schedule, then up to ``samples`` schedules a few mutations away from it: its
+    """The TuneContext, and the default schedule followed by up to ``samples`` schedules a few
+    mutations away from it (none at all when no default rule applies): its
     register tile, parallel extent and unroll knobs changed by the tuner's own mutators (a walk from
     the default, each step from a random earlier point). Near the default is where the tuning logs
     the model learned from have most of their records; uniform samples of the whole tiling space
@@ -59,7 +60,7 @@ def _candidates(wmod, target, samples: int, seed: int):
     except Exception as e:  # no default rule for this kernel
         log.debug("no default schedule: %s", e)
         return ctx, []
-    out = [("default", default)]
+    out = [default]
     pool = [default.trace]
     seen = {str(default.trace)}
     rng = random.Random(seed)
@@ -77,48 +78,38 @@ def _candidates(wmod, target, samples: int, seed: int):
         sch = _apply(wmod, t, post)
         if sch is not None:
             pool.append(t)
-            out.append(("predicted", sch))
+            out.append(sch)
     return ctx, out
 
 
 def predict_schedules(mod, target, model_file, samples: int = 64, seed: int = 0, report: dict | None = None,
                       margin: float | None = None):
     """Schedule every not-yet-scheduled kernel of ``mod`` with the candidate ``model_file`` ranks
-    first. ``report`` gets kernel name -> "predicted" or "default" (the default won)."""
-    from tvm import tirx
+    first, where that is not the default schedule; ``report`` gets kernel name -> "predicted" for
+    those (the others are left to the default rules, which report them as usual)."""
     from tvm.s_tir import meta_schedule as ms
 
     from deploytool.cost_model import features as F
     from deploytool.cost_model.model import XGBCostModel
-    from deploytool.schedules.space import workload_module
+    from deploytool.schedules.space import as_scheduled, unscheduled_kernels, workload_module
 
     margin = MARGIN if margin is None else margin
     model = XGBCostModel(nthread=None)
     model.start_from(model_file)
     fe = F.extractor()
-    updated = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
-            continue
+    for gv, func in unscheduled_kernels(mod):
         wmod = workload_module(func)
         ctx, cands = _candidates(wmod, target, samples, seed)
-        if not cands:
+        if len(cands) < 2:
             continue
         args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
-        feats = F.from_candidates(ctx, [ms.MeasureCandidate(s, args) for _, s in cands], fe)
-        scores = model.predict(feats)
+        scores = model.predict(F.from_candidates(ctx, [ms.MeasureCandidate(s, args) for s in cands], fe))
         best = int(np.argmax(scores))
-        kind, sch = cands[best]
-        if cands[0][0] == "default" and scores[best] - scores[0] < margin:
-            kind, sch = cands[0]  # not predicted clearly faster than the default: keep the default
-        if report is not None:
-            report[gv.name_hint] = kind
-        if kind == "default":  # scheduled (and reported) by the default rules, as without --predict
+        # cands[0] is the default: a sample must be predicted clearly faster; otherwise the default
+        # rules schedule (and report) the kernel, as without --predict
+        if best == 0 or scores[best] - scores[0] < margin:
             continue
-        new = sch.mod["main"].without_attr("global_symbol")
-        if func.attrs is not None and "global_symbol" in func.attrs:
-            new = new.with_attr("global_symbol", func.attrs["global_symbol"])
-        updated[gv] = new.with_attr("tirx.is_scheduled", True)
-    for gv, func in updated.items():
-        mod[gv] = func
+        mod[gv] = as_scheduled(func, cands[best])
+        if report is not None:
+            report[gv.name_hint] = "predicted"
     return mod

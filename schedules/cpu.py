@@ -46,14 +46,12 @@ class CPUParams:
 def apply(mod, target, report: dict | None = None):
     """Schedule every unscheduled PrimFunc of ``mod``; returns the new module. ``report`` gets
     kernel name -> rule name ("none" when no rule applied: the kernel stays as legalized)."""
-    from tvm import tirx
+    from deploytool.schedules.space import unscheduled_kernels
 
     params = CPUParams.for_target(target)
     tvm_target = target.tvm_target()
     updated = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
-            continue
+    for gv, func in unscheduled_kernels(mod):
         new, rule = schedule_func(func, tvm_target, params, name=gv.name_hint)
         if report is not None:
             report[gv.name_hint] = rule

@@ -50,13 +50,11 @@ def schedule_sch(func, tvm_target):
 
 def apply(mod, target, report: dict | None = None):
     """Schedule every unscheduled PrimFunc of ``mod``; ``report`` gets kernel name -> rule name."""
-    from tvm import tirx
+    from deploytool.schedules.space import unscheduled_kernels
 
     tvm_target = target.tvm_target()
     updated = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
-            continue
+    for gv, func in unscheduled_kernels(mod):
         sch, rule = schedule_sch(func, tvm_target)
         if report is not None:
             report[gv.name_hint] = rule

@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 
 
 def apply(mod, target, report: dict | None = None):
-    from tvm import s_tir, tirx
+    from tvm import s_tir
+
+    from deploytool.schedules.space import unscheduled_kernels
 
     updated = {}
-    for gv, func in mod.functions_items():
-        if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False)):
-            continue
+    for gv, func in unscheduled_kernels(mod):
         try:
             sch = lean(s_tir.Schedule(func))
             updated[gv] = sch.mod["main"].with_attr("tirx.is_scheduled", True)

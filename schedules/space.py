@@ -42,6 +42,24 @@ def workload_module(func):
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
+def unscheduled_kernels(mod):
+    """(GlobalVar, PrimFunc) of every kernel of ``mod`` that no schedule has been applied to yet,
+    listed first so that the caller may replace them in ``mod`` as it goes."""
+    from tvm import tirx
+
+    return [(gv, func) for gv, func in mod.functions_items() if isinstance(func, tirx.PrimFunc)
+            and not (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))]
+
+
+def as_scheduled(func, sch):
+    """The kernel ``sch`` made of ``func``'s workload module, keeping ``func``'s global symbol, marked
+    scheduled."""
+    new = sch.mod["main"].without_attr("global_symbol")
+    if func.attrs is not None and "global_symbol" in func.attrs:
+        new = new.with_attr("global_symbol", func.attrs["global_symbol"])
+    return new.with_attr("tirx.is_scheduled", True)
+
+
 def replay_trace(wmod, trace_json):
     """A schedule of ``wmod`` with a logged (JSON) trace applied; raises if it does not apply."""
     from tvm import s_tir

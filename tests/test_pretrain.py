@@ -77,6 +77,14 @@ def test_predict_compiles_checks_and_refuses_unknown_families(cli, tiny_model, t
                           "no pretrained cost model for aarch64-neon")
 
 
+def test_pretrain_bad_input_is_one_line(tmp_path):
+    r = _pretrain("dataset", tmp_path / "nope.jsonl", "-o", tmp_path / "d.npz")
+    assert r.returncode == 2, r
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("deploytool: error: ") and "does not exist" in lines[0], r.stderr
+    assert not (tmp_path / "d.npz").exists()
+
+
 def test_target_families():
     from deploytool import targets
     from deploytool.cost_model.pretrain import family_of
