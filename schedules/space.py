@@ -9,7 +9,9 @@ For a kernel the space is the union of two generators:
   multi-level tiling with a register-sized write cache, auto-inline, rfactor for reductions,
   parallel/vectorize/unroll with a sampled unroll depth, and sampled compute locations. GPUs:
   SSSRRSRS tiling bound to blocks/virtual threads/threads with shared-memory reads (cooperative
-  fetch) and register writes, cross-thread reductions, auto-bind, unroll depth at most 256.
+  fetch) and register writes, cross-thread reductions, auto-bind, unroll depth at most 256; on
+  sm_70+ first tensor-core tiling for float16/int8 products (16x16x16 WMMA fragments through
+  dynamic shared memory, or m16n8k8 MMA with a software pipeline), as TVM's "cuda-tensorcore" space.
 
 Postprocessors and mutators follow; ``RewriteLayout`` is left out on purpose: our kernels take
 weights already laid out by the graph passes (HWIO), and a layout-rewriting trace could not be
@@ -62,8 +64,12 @@ def as_scheduled(func, sch):
 
 def replay_trace(wmod, trace_json):
     """A schedule of ``wmod`` with a logged (JSON) trace applied; raises if it does not apply."""
+    import json
+
     from tvm import s_tir
 
+    if '"Tensorize"' in json.dumps(trace_json):
+        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics tensor-core traces name)
     sch = s_tir.Schedule(wmod)
     s_tir.Trace.apply_json_to_schedule(trace_json, sch)
     return sch
@@ -114,12 +120,52 @@ def search_config(target) -> SearchConfig:
 CUDA_UNROLL_STEPS = [0, 16, 64, 256]
 
 
+def cuda_sm(target) -> int:
+    """The SM version of a CUDA target (90 for sm_90)."""
+    arch = str(target.tvm.get("arch", "sm_50"))
+    return int(arch.split("_")[1][:2]) if "_" in arch else 50
+
+
+# Tensor-core tiling for float16 (and int8) products, as TVM's "cuda-tensorcore" space: 16x16x16 WMMA
+# fragments staged through dynamic shared memory, f32 or f16 accumulation, B plain or transposed
+# (dense layers keep their weights (N, K)); and m16n8k8 MMA with software pipelining.
+_WMMA_TYPES = (("float16", "float32"), ("float16", "float16"), ("int8", "int32"))
+_MMA_TYPES = (("float16", "float16"), ("float16", "float32"))
+
+
+def _cuda_tensor_core_rules(target):
+    """MultiLevelTilingTensorCore rules (sm_70+): a block whose product matches no group is left to
+    the plain tiling rule after them."""
+    if cuda_sm(target) < 70:
+        return []
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.tensor_intrin import cuda as intrin  # registers the wmma/mma intrinsics
+
+    wmma = [intrin.get_wmma_intrin_group("shared.dyn", "shared.dyn", i, o, trans)
+            for i, o in _WMMA_TYPES for trans in (False, True)]
+    short = {"float16": "f16", "float32": "f32"}
+    mma = [{"init": f"mma_init_m16n8k8_{short[o]}", "load_a": "mma_load_m16n8k8_f16_A_shared_dyn",
+            "load_b": "mma_load_m16n8k8_f16_B_shared_dyn", "compute": f"mma_sync_m16n8k8_f16f16{short[o]}",
+            "store": f"mma_store_m16n8k8_{short[o]}_global"} for _, o in _MMA_TYPES]
+
+    def tiling(groups, write, pipeline):
+        return ms.schedule_rule.MultiLevelTilingTensorCore(
+            intrin_groups=groups, structure="SSSRRSRS", tile_binds=["blockIdx.y", "blockIdx.x", "threadIdx.y"],
+            max_innermost_factor=4, vector_load_lens=[1, 2, 3, 4, 8, 16],
+            reuse_read=ms.schedule_rule.ReuseType(req="must", levels=[4], scope="shared.dyn"),
+            reuse_write=ms.schedule_rule.ReuseType(req=write, levels=[2], scope="shared.dyn"),
+            use_software_pipeline=pipeline)
+
+    return [tiling(wmma, "must", False), tiling(mma, "no", True)]
+
+
 def _cuda_rules(target):
     from tvm.s_tir import meta_schedule as ms
 
     lim = target.tvm
     return [
         ms.schedule_rule.ApplyCustomRule(),
+        *_cuda_tensor_core_rules(target),
         ms.schedule_rule.MultiLevelTiling(
             structure="SSSRRSRS",
             tile_binds=["blockIdx.x", "vthread.x", "threadIdx.x"],
@@ -152,6 +198,7 @@ def _cuda_postprocs():
         ms.postproc.RewriteUnboundBlock(),
         ms.postproc.RewriteParallelVectorizeUnroll(),
         ms.postproc.RewriteReductionBlock(),
+        ms.postproc.RewriteTensorize(),
         ms.postproc.VerifyGPUCode(),
     ]
 

@@ -214,3 +214,55 @@ def test_gpu_arch_mismatch_is_refused(cli, tiny_model, tmp_path):
     out = tmp_path / "other.so"
     assert cli("compile", tiny_model, "--target", "cuda-sm80", "-o", out, "-q").code == 0
     assert_one_line_error(cli("run", out), "is built for sm_80")
+
+
+@pytest.mark.models
+def test_cuda_float16_tensor_core_candidates_build_and_replay(tmp_path):
+    """float16 convolutions get tensor-core sketches (WMMA/MMA tiling through shared memory) beside
+    the plain tiling; their candidates build to sm_80 cubins here, and a logged tensor-core trace
+    replays in a fresh process (which must register the intrinsics the trace names first)."""
+    import subprocess
+    import sys
+
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import corpus, cuda, frontend, pipeline, targets
+    from deploytool.measure import LocalMeasurer, MeasureSettings
+    from deploytool.schedules import space
+    from deploytool.tuninglog import to_py
+
+    tgt = targets.load("cuda-sm80")
+    mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(corpus.default_model()).mod, tgt,
+                                               dtype="float16"), tgt)
+    conv = next(t for t in pipeline.tasks(mod) if "conv2d" in t.name)
+    ctx = ms.TuneContext(mod=space.workload_module(mod[conv.name]), target=tgt.tvm_target(),
+                         space_generator=space.space_generator(tgt), search_strategy=ms.search_strategy.ReplayTrace(),
+                         task_name=conv.name, rand_state=1, num_threads=1)
+    spaces = ctx.generate_design_space()
+    tc = [s for s in spaces if "meta_schedule.auto_tensorize" in str(s.trace)]
+    assert len(tc) >= 2, [str(s.trace)[-300:] for s in spaces]  # WMMA and MMA sketches
+    ctx.pre_tuning(max_trials=8, num_trials_per_iter=8, design_spaces=tc, database=ms.database.MemoryDatabase(),
+                   cost_model=None)
+    cands = ctx.generate_measure_candidates()
+    assert cands and all("sch.tensorize(" in str(c.sch.trace) for c in cands)
+    m = LocalMeasurer(tgt, MeasureSettings(), workers=2)
+    try:
+        built = m.build([c.sch.mod for c in cands])
+        ok = [(c, b) for c, b in zip(cands, built) if isinstance(b, str)]
+        assert ok, [b.error for b in built]
+        assert all(cuda.cubin_archs(b) == ["sm_80"] for _, b in ok)
+    finally:
+        m.close()
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps(to_py(ok[0][0].sch.trace.as_json(remove_postproc=False))))
+    assert '"Tensorize"' in trace.read_text()  # what replay_trace looks for before it registers the intrinsics
+    (tmp_path / "wl.json").write_text(tvm.ir.save_json(space.workload_module(mod[conv.name])))
+    code = ("import json, sys, tvm; from deploytool.schedules import space; "
+            "wmod = tvm.ir.load_json(open(sys.argv[1]).read()); "
+            "sch = space.replay_trace(wmod, json.load(open(sys.argv[2]))); "
+            "ir = str(sch.mod); assert 'tvm_mma_sync' in ir or 'ptx_mma' in ir, ir[-1000:]; print('replayed')")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "wl.json"), str(trace)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "replayed" in r.stdout, r.stderr[-2000:]
+
