@@ -15,6 +15,7 @@ The loop is ours (not MetaSchedule's TaskScheduler) so that it can:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -239,7 +240,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         if opts.cost_model is not None:
             model.start_from(opts.cost_model)
         cost_model = make_tuner_cost_model(model)
-        database = ms.database.MemoryDatabase()
+        # one search database per task (the search reads only its own workload's records); a task
+        # retried on the tiling space alone gets a fresh one (see below)
+        databases: dict[str, Any] = {}
         contexts = {}
         fe = F.extractor()
 
@@ -251,10 +254,34 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                                       rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
                                       num_threads=measurer.threads, logger=_quiet_logger())
 
+        def db(st: TaskState):
+            return databases.setdefault(st.workload, ms.database.MemoryDatabase())
+
         def start_search(ctx, st: TaskState) -> None:
             ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
-                           design_spaces=ctx.generate_design_space(), database=database, cost_model=cost_model)
-            database.commit_workload(wmods[st.workload])
+                           design_spaces=ctx.generate_design_space(), database=db(st), cost_model=cost_model)
+            db(st).commit_workload(wmods[st.workload])
+
+        def search_tiling_only(st: TaskState, why: Exception) -> None:
+            """A hard check inside MetaSchedule's search (this task only). The default schedule is the
+            usual culprit (see space_generator), as a design space or as a record the search starts
+            from: search the tiling space alone, from an empty database; the default stays measured
+            as the record to beat. A second failure ends the task's search."""
+            old_ctx = contexts.pop(st.workload, None)
+            if old_ctx is not None:
+                with contextlib.suppress(Exception):
+                    old_ctx.post_tuning()
+            if st.workload in tiling_only:
+                st.done = f"search failed: {_one_line(why)}"
+                log.warning("tuning %s stopped: %s", st.name, st.done)
+                return
+            tiling_only.add(st.workload)
+            databases[st.workload] = ms.database.MemoryDatabase()
+            try:
+                ctx = contexts[st.workload] = make_context(st, states.index(st), with_default=False)
+                start_search(ctx, st)
+            except Exception as e:
+                search_tiling_only(st, e)
 
         tiling_only: set[str] = set()  # tasks searched without their default schedule as a design space
         for i, st in enumerate(states):
@@ -263,7 +290,12 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             ctx = make_context(st, i)
             contexts[st.workload] = ctx
             if old is not None:
-                _warm_start(ctx, st, old, model, database, fe, tvm_target)
+                try:
+                    _warm_start(ctx, st, old, model, db(st), fe, tvm_target)
+                except Exception as e:  # the log's records of this task cannot seed it: search from scratch
+                    log.warning("could not warm-start %s from the log (%s); it searches from scratch", st.name,
+                                _one_line(e))
+                    databases[st.workload] = ms.database.MemoryDatabase()
         if model.size >= 2:
             model.fit()
         seconds["warm_start"] += time.perf_counter() - t0
@@ -271,12 +303,15 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         for st, sch in seeded:  # this run's default schedules: the search starts from them
             rec = measured.get(kernel_hash(sch.mod))
             if rec is not None and rec.ok:
-                database.commit_tuning_record(ms.database.TuningRecord(
-                    sch.trace, database.commit_workload(wmods[st.workload]), rec.latency_s, tvm_target,
+                db(st).commit_tuning_record(ms.database.TuningRecord(
+                    sch.trace, db(st).commit_workload(wmods[st.workload]), rec.latency_s, tvm_target,
                     ms.arg_info.ArgInfo.from_prim_func(funcs[st.workload])))
         for st in states:
             if st.workload in contexts:
-                start_search(contexts[st.workload], st)
+                try:
+                    start_search(contexts[st.workload], st)
+                except Exception as e:
+                    search_tiling_only(st, e)
 
         # ---- 3. rounds
         run_curve: list[tuple[int, float]] = [(0, _estimate(states, "best_s"))]
@@ -293,18 +328,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             try:
                 cands = ctx.generate_measure_candidates()
             except Exception as e:  # a hard check inside MetaSchedule's search: this task only
-                cands = None
-                if st.workload not in tiling_only:
-                    # the default schedule as a design space is the usual culprit (see space_generator):
-                    # search the tiling space alone; the default stays measured as the record to beat
-                    ctx.post_tuning()
-                    ctx = contexts[st.workload] = make_context(st, states.index(st), with_default=False)
-                    tiling_only.add(st.workload)
-                    start_search(ctx, st)
-                    seconds["search"] += time.perf_counter() - t0
-                    continue
-                st.done = f"search failed: {_one_line(e)}"
-                log.warning("tuning %s stopped: %s", st.name, st.done)
+                search_tiling_only(st, e)
+                seconds["search"] += time.perf_counter() - t0
                 continue
             seconds["search"] += time.perf_counter() - t0 - (cost_model.seconds - cm_before)
             if not cands:
@@ -320,7 +345,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             fresh = fresh[: max(0, budget_left - done_new)]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
             got = dict(zip(fresh, outs))
-            wl = database.commit_workload(wmods[st.workload])
+            wl = db(st).commit_workload(wmods[st.workload])
             used, results, new = [], [], []  # new: positions in `used` measured this round
             for j, c in enumerate(cands):
                 if j in got:
@@ -344,7 +369,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     new.append(len(used) - 1)
                     st.curve.append((st.trials, st.best_s))
                     if r.ok:
-                        database.commit_tuning_record(ms.database.TuningRecord(
+                        db(st).commit_tuning_record(ms.database.TuningRecord(
                             c.sch.trace, wl, r.latency_s, tvm_target, c.args_info))
             ctx.notify_runner_results(used, results)
             if new:
