@@ -70,7 +70,7 @@ def optimize(mod, target: Target, dtype: str = "float32"):
     if layouts:
         try:
             with target.tvm_target():
-                mod = tvm.transform.Sequential([relax.transform.ConvertLayout(layouts),
+                mod = tvm.transform.Sequential([_full_rank_broadcast_constants(), relax.transform.ConvertLayout(layouts),
                                                 relax.transform.FoldConstant()])(mod)
         except Exception as e:  # TVM's layout inference misses some graphs: keep the ONNX layout
             log.info("layout conversion skipped: %s", describe(e))
@@ -118,6 +118,48 @@ def _accumulate_half_in_float32():
         return mod
 
     return widen
+
+
+_BROADCAST_BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
+                     "relax.power"}
+
+
+def _full_rank_broadcast_constants():
+    """A per-channel constant operand of a broadcasting binary op on image tensors gets the other
+    operand's rank ((C, 1, 1) -> (1, C, 1, 1): the same values by numpy's broadcasting rules). ONNX
+    exporters write per-channel scales as (C, 1, 1) next to NCHW activations; TVM's layout inference gives up on operands of different ranks, so
+    every such op stayed NCHW with a transpose on each side of it (Inception v2: 138 transposes)."""
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class FullRank(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in _BROADCAST_BINARY:
+                return call
+            ranks = [getattr(a.ty, "ndim", -1) for a in call.args]
+            if min(ranks) < 0 or ranks[0] == ranks[1] or max(ranks) < 4:  # only image layouts convert
+                return call
+            args = list(call.args)
+            for i, a in enumerate(args):
+                if isinstance(a, tvm.ir.Constant) and ranks[i] < max(ranks):
+                    data = a.value.numpy()
+                    shape = (1,) * (max(ranks) - data.ndim) + data.shape
+                    if shape[1] > 1 and all(d == 1 for j, d in enumerate(shape) if j != 1):  # per channel
+                        args[i] = relax.const(data.reshape(shape), str(data.dtype))
+            if all(x.same_as(y) for x, y in zip(args, call.args)):
+                return call
+            return self.builder_.normalize(getattr(relax.op, call.op.name.split(".")[1])(*args))
+
+    @tvm.transform.module_pass(opt_level=0, name="FullRankBroadcastConstants")
+    def full_rank(mod, ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, relax.Function):
+                mod[gv] = FullRank().visit_expr(func)
+        return mod
+
+    return full_rank
 
 
 def _run_passes(seq, mod, target: Target, what: str):
