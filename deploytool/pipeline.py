@@ -70,7 +70,8 @@ def optimize(mod, target: Target, dtype: str = "float32"):
     if layouts:
         try:
             with target.tvm_target():
-                mod = tvm.transform.Sequential([_full_rank_broadcast_constants(), relax.transform.ConvertLayout(layouts),
+                mod = tvm.transform.Sequential([_full_rank_broadcast_constants(),
+                                                relax.transform.ConvertLayout(layouts),
                                                 relax.transform.FoldConstant()])(mod)
         except Exception as e:  # TVM's layout inference misses some graphs: keep the ONNX layout
             log.info("layout conversion skipped: %s", describe(e))
@@ -110,14 +111,22 @@ def _accumulate_half_in_float32():
                           out_layout=a.out_layout, out_dtype="float32")
             return relax.op.astype(self.builder_.normalize(wide), dtype)
 
-    @tvm.transform.module_pass(opt_level=0, name="AccumulateHalfInFloat32")
-    def widen(mod, ctx):
+    return _relax_function_pass(Widen, "AccumulateHalfInFloat32")
+
+
+def _relax_function_pass(mutator, name: str):
+    """A module pass that runs the PyExprMutator class ``mutator`` over every Relax function."""
+    import tvm
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def run(mod, ctx):
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                mod[gv] = Widen().visit_expr(func)
+                mod[gv] = mutator().visit_expr(func)
         return mod
 
-    return widen
+    return run
 
 
 _BROADCAST_BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
@@ -127,8 +136,9 @@ _BROADCAST_BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.div
 def _full_rank_broadcast_constants():
     """A per-channel constant operand of a broadcasting binary op on image tensors gets the other
     operand's rank ((C, 1, 1) -> (1, C, 1, 1): the same values by numpy's broadcasting rules). ONNX
-    exporters write per-channel scales as (C, 1, 1) next to NCHW activations; TVM's layout inference gives up on operands of different ranks, so
-    every such op stayed NCHW with a transpose on each side of it (Inception v2: 138 transposes)."""
+    exporters write per-channel scales as (C, 1, 1) next to NCHW activations; TVM's layout inference
+    gives up on operands of different ranks, so every such op stayed NCHW with a transpose on each
+    side of it (Inception v2: 138 transposes)."""
     import tvm
     from tvm import relax
 
@@ -152,14 +162,7 @@ def _full_rank_broadcast_constants():
                 return call
             return self.builder_.normalize(getattr(relax.op, call.op.name.split(".")[1])(*args))
 
-    @tvm.transform.module_pass(opt_level=0, name="FullRankBroadcastConstants")
-    def full_rank(mod, ctx):
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mod[gv] = FullRank().visit_expr(func)
-        return mod
-
-    return full_rank
+    return _relax_function_pass(FullRank, "FullRankBroadcastConstants")
 
 
 def _run_passes(seq, mod, target: Target, what: str):
