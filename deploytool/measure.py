@@ -438,5 +438,8 @@ def _device_error(problem: str, fix: str):
 
 
 def _one_line(e: BaseException) -> str:
-    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-    return f"{type(e).__name__}: {lines[-1] if lines else ''}"[:300]
+    """The exception's last meaningful line; a compiler's report (NVRTC's ends in a NUL after its
+    summary) gives its first error line instead."""
+    lines = [ln.strip() for ln in str(e).replace("\x00", "").strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if " error: " in ln or ln.startswith("error")]
+    return f"{type(e).__name__}: {errors[0] if errors else lines[-1] if lines else ''}"[:300]
