@@ -38,9 +38,16 @@ build_dir = cache.parent / "artifacts"
 build_dir.mkdir(parents=True, exist_ok=True)
 names = args.models.split(",") if args.models else None
 res = benchmark.run_untuned(names, cache, build_dir, target=args.target, threads=args.threads, repeats=args.repeats)
-suffix = "" if not names else "-subset"
-(out_dir / f"untuned-{args.target}{suffix}.json").write_text(json.dumps(res, indent=2) + "\n")
 md = benchmark.markdown(res)
-if not names:
-    benchmark.write_doc(out_dir, root.parent / "docs" / "benchmarks.md")
+path = out_dir / f"untuned-{args.target}.json"
+if names:  # a subset rerun replaces its rows in the full table, and says when it ran
+    old = json.loads(path.read_text()) if path.exists() else None
+    merged = benchmark.merge_results(old, res)
+    if merged is not res:
+        merged["date"] = old["date"]
+        merged["notes"] = [n for n in old.get("notes", []) if not any(n.startswith(m + ":") for m in names)] + \
+            [f"{m}: rerun {res['date']}" for m in names]
+    res = merged
+path.write_text(json.dumps(res, indent=2) + "\n")
+benchmark.write_doc(out_dir, root.parent / "docs" / "benchmarks.md")
 print(md)
