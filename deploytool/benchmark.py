@@ -292,6 +292,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "gpu.json"
     if f.is_file():
         parts.append("## NVIDIA GPU: `python bench/gpu.py` (on the GPU machine)\n\n" + markdown_gpu(json.loads(f.read_text())))
+    f = results_dir / "gpu_profile.md"
+    if f.is_file():
+        parts.append("### Where the GPU time goes: `python bench/gpu_profile.py`\n\n" + f.read_text())
     for f in sorted(results_dir.glob("simd-*.json")):
         res = json.loads(f.read_text())
         parts.append(f"## NEON, shown: `python bench/neon.py` (target `{res['target']}`)\n\n" + markdown_simd(res))
