@@ -1,13 +1,15 @@
 """Does pretraining the cost model pay? Leave one model out, honestly.
 
     python bench/pretrain.py DATA.npz --logs-dir DIR [--online squeezenet,ds_cnn_1d]
-                             [--trials-per-task 8] [--seeds 0] [--out bench/results]
+                             [--trials-per-task 8] [--seeds 0,1,2] [--kinds scratch,pretrained,metaschedule]
+                             [--predict-models ...] [--keep PREVIOUS.json] [--out bench/results]
 
 1. Offline (TenSet-style), for every model M of the dataset: pretrain on the other models' records,
    score M's records; pairwise accuracy, top-10 recall and top-1 score per kernel, against an
    untrained (random) ranking.
-2. Online, for the --online models: tune M from scratch (--cost-model none) and from the model
-   pretrained without M, same seeds and budget; the curve of estimated end-to-end latency (sum of
+2. Online, for the --online models: tune M from scratch (--cost-model none), from the model
+   pretrained without M, and with MetaSchedule's own XGBModel from scratch (--cost-model
+   metaschedule), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
    best kernel latencies x calls) against trials; trials to reach 95% of the reference, the best
    of M's full tuning log in DIR (M-<target>.jsonl, 64 trials per kernel); the latency at equal
    budgets.
@@ -40,6 +42,10 @@ def reference_s(log_path: Path) -> float:
     return sum(best[h].seconds * t.workloads[h].calls for h in best if h in t.workloads)
 
 
+KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
+         "metaschedule": "MetaSchedule XGBModel, from scratch"}
+
+
 def trials_to(curve, target_s: float):
     for n, s in curve:
         if s <= target_s:
@@ -67,12 +73,31 @@ def markdown(res: dict, trials_per_task: int) -> str:
                 lines.append(f"| {row['model']} | {run['kind']} | {run['seed']} | {run['untuned_ms']:.3f} | "
                              f"{run['final_ms']:.3f} | {row['reference_ms']:.3f} | "
                              f"{run['trials_to_95pct_of_reference'] or 'not reached'} |")
+        lines += ["", "Per model and cost model, over the seeds (estimated end to end after the budget, ms; "
+                  "trials to 95% of the reference: median over the seeds that reached it):", "",
+                  "| model | cost model | seeds | after the budget, mean (min-max) | vs from scratch | "
+                  "reached 95% of ref | trials to 95%, median |", "|---|---|---:|---|---:|---:|---:|"]
+        for row in res["online"]:
+            by: dict = {}
+            for run in row["runs"]:
+                by.setdefault(run["kind"], []).append(run)
+            base = by.get(KINDS["scratch"])
+            base_ms = float(np.mean([r["final_ms"] for r in base])) if base else None
+            for kind, runs in by.items():
+                f = [r["final_ms"] for r in runs]
+                reached = sorted(r["trials_to_95pct_of_reference"] for r in runs
+                                 if r["trials_to_95pct_of_reference"] is not None)
+                vs = f"{np.mean(f) / base_ms:.3f}x" if base_ms else "-"
+                lines.append(f"| {row['model']} | {kind} | {len(runs)} | {np.mean(f):.3f} ({min(f):.3f}-{max(f):.3f}) "
+                             f"| {vs} | {len(reached)} of {len(runs)} | "
+                             f"{int(np.median(reached)) if reached else '-'} |")
     if res["predict"]:
         lines += ["", "Prediction only (`compile --predict`, the model pretrained without the model), timed in one run:",
                   "", "| model | default ms | predicted ms (kernels changed) | tuned ms |", "|---|---:|---:|---:|"]
         for r in res["predict"]:
             lines.append(f"| {r['model']} | {r['default']['median_ms']:.3f} | {r['predicted']['median_ms']:.3f} "
                          f"({r['predicted']['predicted_kernels']}) | {r['tuned (full log)']['median_ms']:.3f} |")
+    lines += [""] + [f"- {n}" for n in res.get("notes", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -85,11 +110,15 @@ def main() -> int:
     ap.add_argument("--predict-models", default=None, help="models for the prediction-only section "
                     "(default: the --online ones)")
     ap.add_argument("--trials-per-task", type=int, default=8)
-    ap.add_argument("--seeds", default="0")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--kinds", default=",".join(KINDS), help=f"cost models of the online section ({', '.join(KINDS)})")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--keep", help="a previous pretrain.json whose offline and online sections are kept "
-                    "(rerun only the prediction section with --online '')")
+    ap.add_argument("--keep", help="a previous pretrain.json: the online and prediction sections not rerun "
+                    "this time (--online '' or --predict-models '') are taken from it")
     args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if any(k not in KINDS for k in kinds):
+        ap.error(f"--kinds: one of {', '.join(KINDS)}")
 
     import deploytool
     from deploytool import benchmark
@@ -118,18 +147,19 @@ def main() -> int:
         ref = reference_s(Path(args.logs_dir) / f"{m}-{args.target}.jsonl")
         row = {"model": m, "reference_ms": ref * 1e3, "runs": []}
         for seed in [int(s) for s in args.seeds.split(",")]:
-            for kind, cm in (("from scratch", "none"), ("pretrained without it", str(loo[m]))):
-                log = tmp / f"{m}-{seed}-{kind.split()[0]}.jsonl"
+            for kind in kinds:
+                cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule"}[kind]
+                log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
                                     early_stop=0, seed=seed, cost_model=cm)
                 curve = [(n, s * 1e3) for n, s in r.curve]
-                run = {"kind": kind, "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
+                run = {"kind": KINDS[kind], "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
                        "untuned_ms": r.est_untuned_s * 1e3, "trials": r.trials_new,
                        "trials_to_95pct_of_reference": trials_to(curve, ref * 1e3 / 0.95),
                        "seconds": time.perf_counter() - t0}
                 row["runs"].append(run)
-                print(f"online {m} {kind} seed {seed}: {run['final_ms']:.3f} ms after {run['trials']} trials "
+                print(f"online {m} {KINDS[kind]} seed {seed}: {run['final_ms']:.3f} ms after {run['trials']} trials "
                       f"(reference {ref * 1e3:.3f} ms)", flush=True)
         res["online"].append(row)
     predict_models = args.online if args.predict_models is None else args.predict_models
@@ -147,13 +177,18 @@ def main() -> int:
         res["predict"].append({"model": m, **times})
         print(f"predict {m}: {times}", flush=True)
 
+    res["trials_per_task"] = args.trials_per_task
     if args.keep:
         prev = json.loads(Path(args.keep).read_text())
-        res["offline"], res["online"] = prev["offline"], prev["online"]
+        for section in ("online", "predict"):
+            if not res[section]:
+                res[section] = prev.get(section, [])
+        if not any(x for x in args.online.split(",")):
+            res["trials_per_task"] = prev.get("trials_per_task", args.trials_per_task)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pretrain.json").write_text(json.dumps(res, indent=1, default=float) + "\n")
-    md = markdown(res, args.trials_per_task)
+    md = markdown(res, res["trials_per_task"])
     (out / "pretrain.md").write_text(md)
     print(md)
     if res["online"]:
@@ -164,10 +199,16 @@ def main() -> int:
 
         fig, axes = plt.subplots(1, len(res["online"]), figsize=(6 * len(res["online"]), 4), squeeze=False)
         for ax, row in zip(axes[0], res["online"]):
+            colors = {}
             for run in row["runs"]:
+                if not run["curve_ms"]:
+                    continue
                 xs, ys = zip(*run["curve_ms"])
-                ax.plot(xs, ys, label=f"{run['kind']} (seed {run['seed']})")
+                first = run["kind"] not in colors
+                c = colors.setdefault(run["kind"], f"C{len(colors)}")
+                ax.plot(xs, ys, color=c, alpha=0.8, label=run["kind"] if first else None)
             ax.axhline(row["reference_ms"], color="gray", ls="--", label="reference (64 trials/kernel)")
+            ax.axhline(row["reference_ms"] / 0.95, color="gray", ls=":", label="95% of the reference")
             ax.set_title(row["model"])
             ax.set_xlabel("trials")
             ax.set_ylabel("estimated end to end (ms)")

@@ -203,6 +203,42 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
     return TunerCostModel()
 
 
+def make_metaschedule_cost_model(nthread: int | None = None, seed: int = 0):
+    """MetaSchedule's own XGBModel (its per-store features, rank objective and adaptive training),
+    timed like ours: the baseline our cost model is measured against (``--cost-model
+    metaschedule``). It learns from this run's measurements only."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    inner = ms.cost_model.XGBModel(config=ms.cost_model.xgb_model.XGBConfig(seed=seed, nthread=nthread),
+                                   verbose_eval=0, adaptive_training=True)
+
+    @derived_object
+    class TimedXGBModel(ms.cost_model.PyCostModel):
+        def __init__(self):
+            super().__init__()
+            self.seconds = 0.0
+
+        def load(self, path: str) -> None:
+            inner.load(path)
+
+        def save(self, path: str) -> None:
+            inner.save(path)
+
+        def update(self, context, candidates, results) -> None:
+            t0 = time.perf_counter()
+            inner.update(context, candidates, results)
+            self.seconds += time.perf_counter() - t0
+
+        def predict(self, context, candidates) -> np.ndarray:
+            t0 = time.perf_counter()
+            out = np.asarray(inner.predict(context, candidates), dtype="float64")
+            self.seconds += time.perf_counter() - t0
+            return out
+
+    return TimedXGBModel()
+
+
 def _median(xs) -> float:
     v = sorted(float(x) for x in xs)
     n = len(v)

@@ -406,7 +406,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
-    with this run's measurements; from scratch when the family has none), "none", or a file.
+    with this run's measurements; from scratch when the family has none), "none", a file, or
+    "metaschedule" (MetaSchedule's own XGBModel from scratch: the baseline for comparisons).
     ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
     needed when the target is not this machine's architecture."""
     from deploytool import pipeline
@@ -438,16 +439,18 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    f"board, and this machine is {_targets.host_arch()}",
                                    "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
-    cm_file = _cost_model_file(cost_model, tgt)
+    ranker = "metaschedule" if cost_model == "metaschedule" else "deploytool"
+    cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     imported = import_onnx(model, _shapes(input_shapes))
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
-             + (f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
+             + ("MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
+                f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
-                       cost_model=cm_file, **({"objective": objective} if objective else {}))
+                       cost_model=cm_file, ranker=ranker, **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype})
 

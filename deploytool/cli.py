@@ -492,10 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
                    help="time candidates with warm caches (default: caches flushed before each repeat)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE",
+    s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE|metaschedule",
                    help="where the cost model starts: the target family's pretrained model, fine-tuned with "
                         "this run's measurements (default; from scratch if the family has none), none, or a "
-                        "model file from `python -m deploytool.cost_model.pretrain train`")
+                        "model file from `python -m deploytool.cost_model.pretrain train`; metaschedule: "
+                        "MetaSchedule's own XGBModel from scratch, the baseline for comparisons")
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
     dtype_arg(s)
     device_args(s, "measure on a board (needed for cross targets such as arm)")

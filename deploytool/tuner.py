@@ -40,6 +40,7 @@ class TuneOptions:
     workers: int | None = None           # parallel builders (None: physical cores)
     objective: str = "reg:squarederror"  # the cost model's objective (see cost_model)
     cost_model: Any = None               # a pretrained model file to start from (None: from scratch)
+    ranker: str = "deploytool"           # "metaschedule": MetaSchedule's XGBModel instead (comparisons)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     device: Any = None                   # a deploytool.device.DeviceSpec: measure on boards over RPC
     progress: Callable[[str], None] | None = None  # one-line notes (boards lost, reconnected)
@@ -123,7 +124,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     from tvm.s_tir import meta_schedule as ms
 
     from deploytool.cost_model import features as F
-    from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
+    from deploytool.cost_model.model import XGBCostModel, make_metaschedule_cost_model, make_tuner_cost_model
     from deploytool.schedules import space
 
     opts = options or TuneOptions()
@@ -239,7 +240,10 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         model = XGBCostModel(objective=opts.objective, nthread=measurer.threads, seed=opts.seed)
         if opts.cost_model is not None:
             model.start_from(opts.cost_model)
-        cost_model = make_tuner_cost_model(model)
+        if opts.ranker == "metaschedule":  # the baseline: MetaSchedule's XGBModel, this run's data only
+            cost_model = make_metaschedule_cost_model(nthread=measurer.threads, seed=opts.seed)
+        else:
+            cost_model = make_tuner_cost_model(model)
         # one search database per task (the search reads only its own workload's records); a task
         # retried on the tiling space alone gets a fresh one (see below)
         databases: dict[str, Any] = {}
@@ -291,7 +295,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             contexts[st.workload] = ctx
             if old is not None:
                 try:
-                    _warm_start(ctx, st, old, model, db(st), fe, tvm_target)
+                    _warm_start(ctx, st, old, model, db(st), fe, tvm_target,
+                                ms_model=cost_model if opts.ranker == "metaschedule" else None)
                 except Exception as e:  # the log's records of this task cannot seed it: search from scratch
                     log.warning("could not warm-start %s from the log (%s); it searches from scratch", st.name,
                                 _one_line(e))
@@ -434,8 +439,9 @@ def _pick(active: list[TaskState]) -> TaskState:
     return best
 
 
-def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_target) -> None:
-    """Feed a task's logged records to the cost model, and its best ones to the search database."""
+def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_target, ms_model=None) -> None:
+    """Feed a task's logged records to the cost model (``ms_model``: MetaSchedule's, when that is
+    the ranker), and its best ones to the search database."""
     import numpy as np
     from tvm.s_tir import meta_schedule as ms
 
@@ -460,7 +466,11 @@ def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_tar
         return
     args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
     cands = [ms.MeasureCandidate(s, args_info) for s in schs]
-    model.add(kernel_hash(ctx.mod), F.from_candidates(ctx, cands, fe), np.array(lats))
+    if ms_model is not None:
+        ms_model.update(ctx, cands, [ms.runner.RunnerResult([x], None) if x < 1e10 else
+                                     ms.runner.RunnerResult(None, "failed") for x in lats])
+    else:
+        model.add(kernel_hash(ctx.mod), F.from_candidates(ctx, cands, fe), np.array(lats))
     wl = database.commit_workload(ctx.mod)
     for sch, r in best_schs:
         database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, r.latency_s, tvm_target, args_info))

@@ -65,6 +65,24 @@ def test_tune_starts_from_a_pretrained_model(cli, tiny_model, tmp_path, pretrain
                               tmp_path / "nope.ubj"), "is not a cost model file")
 
 
+def test_tune_with_metaschedules_own_cost_model_and_resume(cli, tiny_model, tmp_path):
+    """The baseline of the cost-model benchmarks: MetaSchedule's XGBModel in deploytool's loop; a
+    resumed run feeds it the logged records (no warm-start warning) and measures new candidates."""
+    log = tmp_path / "ms.jsonl"
+
+    def searched():
+        return sum(1 for line in log.read_text().splitlines() if '"source":"search"' in line.replace(" ", ""))
+
+    small = ["--batch", "2", "--repeat", "2", "--min-repeat-ms", "2", "--cost-model", "metaschedule"]
+    r = cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, "--trials-per-task", "2", *small)
+    assert r.code == 0 and "cost model: MetaSchedule's XGBModel" in r.err, r
+    first = searched()
+    assert first > 0
+    r = cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, "--trials-per-task", "4", *small)
+    assert r.code == 0 and "could not warm-start" not in r.err, r
+    assert searched() > first
+
+
 def test_predict_compiles_checks_and_refuses_unknown_families(cli, tiny_model, tmp_path, pretrained):
     _, model = pretrained
     so = tmp_path / "p.so"
