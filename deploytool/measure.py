@@ -183,23 +183,41 @@ class LocalMeasurer:
             self._n += 1
             out = os.path.join(self.tmp, f"cand{self._n}.so")
             jobs.append(pool.submit(_build_one, tvm.ir.save_json(mod), tjson, hjson, self.cc, self.cross, out))
-        results: list[Outcome | str] = []
-        broken = False
-        deadline = time.monotonic() + self.settings.build_timeout_s * max(1, len(mods) / self.workers)
-        for job in jobs:
-            try:
-                results.append(job.result(timeout=max(1.0, deadline - time.monotonic())))
-            except cf.TimeoutError:
+        # a build stuck in the compiler (seen: a recursion in TVM's simplifier that ran for minutes)
+        # must not hold the batch: the builds time out once none has finished for build_timeout_s
+        # (the other workers keep finishing theirs meanwhile), not after a deadline that grows with
+        # the batch (that was 16 minutes for 16 candidates on 2 workers)
+        pending, last = set(jobs), time.monotonic()
+        while pending:
+            done, pending = cf.wait(pending, timeout=max(0.1, last + self.settings.build_timeout_s - time.monotonic()),
+                                    return_when=cf.FIRST_COMPLETED)
+            if done:
+                last = time.monotonic()
+            elif time.monotonic() - last >= self.settings.build_timeout_s:
+                break
+        results: list[Outcome | str | None] = [None] * len(jobs)
+        broken, retry = False, []
+        for i, job in enumerate(jobs):
+            if job in pending:  # stuck (timed out), or queued behind stuck ones (built again below)
                 broken = True
-                results.append(Outcome(error=f"build timed out after {self.settings.build_timeout_s:.0f} s"))
+                if job.running():
+                    results[i] = Outcome(error=f"build timed out after {self.settings.build_timeout_s:.0f} s")
+                else:
+                    retry.append(i)
+                continue
+            try:
+                results[i] = job.result(timeout=0)
             except cf.process.BrokenProcessPool:
                 broken = True
-                results.append(Outcome(error="the build worker crashed"))
+                results[i] = Outcome(error="the build worker crashed")
             except Exception as e:  # a TVM error from the worker
-                results.append(Outcome(error=_one_line(e)))
+                results[i] = Outcome(error=_one_line(e))
         if broken:
             self._reset("build")
         self.seconds["build"] += time.perf_counter() - t0
+        if retry:
+            for i, r in zip(retry, self.build([mods[i] for i in retry])):
+                results[i] = r
         return results
 
     def run(self, paths: list[str], args: list) -> list[Outcome]:

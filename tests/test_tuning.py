@@ -332,3 +332,25 @@ def test_cost_model_feature_cache(tiny_model):
     assert np.allclose(got, F.from_candidates(ctx, batch))
     assert len(cm.cache) == 2
     assert np.allclose(cm.features(ctx, cands[::-1]), F.from_candidates(ctx, cands[::-1]))
+
+
+def test_stuck_builds_time_out_per_batch_and_the_builders_recover():
+    """Builds that never finish within the build timeout fail as timed out (none left pending, none
+    waiting on a deadline that grows with the batch); the workers are replaced and build again."""
+    import tvm
+    from tvm import te
+
+    from deploytool import targets
+    from deploytool.measure import LocalMeasurer, MeasureSettings
+
+    def kernel(n):
+        a = te.placeholder((n,), name="A")
+        b = te.compute((n,), lambda i: a[i] * 2.0, name="B")
+        return tvm.IRModule({"main": te.create_prim_func([a, b]).with_attr("global_symbol", "main")})
+
+    m = LocalMeasurer(targets.load("x86"), MeasureSettings(build_timeout_s=0.001), workers=2)
+    res = m.build([kernel(64 + i) for i in range(5)])  # no build finishes in a millisecond
+    assert len(res) == 5 and all("build timed out" in r.error for r in res)
+    m.settings = MeasureSettings()
+    res = m.build([kernel(64 + i) for i in range(3)])
+    assert all(isinstance(r, str) and os.path.exists(r) for r in res), res
