@@ -113,8 +113,11 @@ def main() -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"cost models of the online section ({', '.join(KINDS)})")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
-    ap.add_argument("--keep", help="a previous pretrain.json: the online and prediction sections not rerun "
-                    "this time (--online '' or --predict-models '') are taken from it")
+    ap.add_argument("--keep", help="a previous pretrain.json: what this run does not redo is taken from it (the "
+                    "offline section with --no-offline, the online rows of other models, the prediction section "
+                    "with --predict-models '')")
+    ap.add_argument("--no-offline", action="store_true", help="skip the offline section (pretrain only the "
+                    "leave-one-out models the other sections need)")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if any(k not in KINDS for k in kinds):
@@ -130,11 +133,16 @@ def main() -> int:
                        "models": models, "family": str(data["family"])}, "offline": [], "online": [], "predict": []}
     tmp = Path(tempfile.mkdtemp(prefix="pretrain-"))
     loo = {}
+    needed = {x for x in (args.online + "," + (args.predict_models or "")).split(",") if x}
     for m in models:
+        if args.no_offline and m not in needed:
+            continue
         cm = P.fit(data, exclude=[m])
         path = tmp / f"without-{m}.ubj"
         cm.save(path)
         loo[m] = path
+        if args.no_offline:
+            continue
         ours = P.evaluate(cm, data, only=[m])
         rnd = P.evaluate(lambda X: np.random.default_rng(0).uniform(size=len(X)), data, only=[m])
         res["offline"].append({"model": m, "pretrained": ours, "random": rnd})
@@ -180,9 +188,11 @@ def main() -> int:
     res["trials_per_task"] = args.trials_per_task
     if args.keep:
         prev = json.loads(Path(args.keep).read_text())
-        for section in ("online", "predict"):
+        for section in ("offline", "predict"):
             if not res[section]:
                 res[section] = prev.get(section, [])
+        redone = {r["model"] for r in res["online"]}
+        res["online"] = [r for r in prev.get("online", []) if r["model"] not in redone] + res["online"]
         if not any(x for x in args.online.split(",")):
             res["trials_per_task"] = prev.get("trials_per_task", args.trials_per_task)
     out = Path(args.out)
