@@ -10,7 +10,7 @@ deploytool's --dtype float16 (mixed precision, float32 interface). deploytool's 
 against onnxruntime (CPU, float32) before timing. Latency: wall clock per call with the device
 synchronized, median of at least --repeats calls after warm-up, the same loop for every engine.
 
-A tuning log ``<log-dir>/<model>-b<batch>-<dtype>-cuda.jsonl`` is used when it exists (its
+A tuning log ``<log-dir>/<model>-b<batch>-<dtype>-cuda.jsonl`` (or ``.jsonl.gz``) is used when it exists (its
 coverage is reported). Writes ``gpu.json`` and ``gpu.md`` to --out.
 """
 
@@ -33,6 +33,13 @@ sys.path.insert(0, str(REPO / "bench"))
 
 def log_name(model: str, batch: int, dtype: str) -> str:
     return f"{model}-b{batch}-{dtype}-cuda.jsonl"
+
+
+def find_log(log_dir: Path, model: str, batch: int, dtype: str) -> Path:
+    """The model's log in ``log_dir``: the plain one a tuning run appends to, else the shipped .gz."""
+    plain = Path(log_dir) / log_name(model, batch, dtype)
+    gz = plain.with_name(plain.name + ".gz")
+    return gz if gz.exists() and not plain.exists() else plain
 
 
 def timed(fn, sync, warmup: int, repeats: int, min_s: float = 1.0) -> dict:
@@ -183,7 +190,7 @@ def main(argv=None) -> int:
             ref = ort_run(ort_session(path), feeds)
             for dtype in args.dtypes.split(","):
                 row = {"model": name, "batch": batch, "dtype": dtype}
-                log = Path(args.log_dir) / log_name(name, batch, dtype)
+                log = find_log(Path(args.log_dir), name, batch, dtype)
                 try:
                     if args.torch_only:
                         raise RuntimeError("not run (--torch-only)")

@@ -86,7 +86,7 @@ def main(argv=None) -> int:
 
     import deploytool
     from deploytool.tuninglog import TuningLog
-    from gpu import feeds_for, log_name, model_file
+    from gpu import feeds_for, find_log, model_file
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     for name in args.models.split(","):
         for b in map(int, args.batches.split(",")):
             path = model_file(name, b, Path(args.cache))
-            log = Path(args.log_dir) / log_name(name, b, args.dtype)
+            log = find_log(Path(args.log_dir), name, b, args.dtype)
             so = out / f"{name}-b{b}-{args.dtype}-profile.so"
             t0 = time.perf_counter()
             deploytool.compile(path, target="cuda", output=so, dtype=args.dtype,

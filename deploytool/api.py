@@ -442,6 +442,9 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     ranker = "metaschedule" if cost_model == "metaschedule" else "deploytool"
     cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
     output = Path(output) if output is not None else Path(default_log_name(model, target))
+    from deploytool.tuninglog import require_appendable
+
+    require_appendable(output)
     imported = import_onnx(model, _shapes(input_shapes))
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt)
     task_list = pipeline.tasks(mod)

@@ -21,6 +21,7 @@ valid anywhere, and the header records the machine the latencies were measured o
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import logging
@@ -117,8 +118,8 @@ class TuningLog:
         workloads: dict[str, Workload] = {}
         records: list[Record] = []
         bad: list[int] = []
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for no, line in enumerate(f, 1):
+        with _open_text(path, "r") as f:
+            for no, line in enumerate(_lines(f, path), 1):
                 if not line.strip():
                     continue
                 try:
@@ -202,6 +203,34 @@ def _short(key: str) -> str:
     return " ".join(f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in d.items())
 
 
+def is_compressed(path) -> bool:
+    """A ``.jsonl.gz`` log: the same JSON lines, gzip-compressed (CUDA logs shrink ~35x: their traces
+    repeat serialized index maps). Read everywhere; written whole (merge, prune), never appended."""
+    return str(path).endswith(".gz")
+
+
+def require_appendable(path) -> None:
+    """Tuning appends record by record, flushed, which a gzip file cannot take safely."""
+    if is_compressed(path):
+        raise TuningLogError(f"cannot append to the compressed tuning log '{path}'",
+                             f"decompress it first (gunzip -k {path}) and tune into the .jsonl; gzip it again to "
+                             "ship it")
+
+
+def _open_text(path, mode: str, compressed: bool | None = None):
+    if is_compressed(path) if compressed is None else compressed:
+        return gzip.open(path, mode + "t", encoding="utf-8", errors="replace")
+    return open(path, mode, encoding="utf-8", errors="replace")  # noqa: SIM115 (the caller's with closes it)
+
+
+def _lines(f, path):
+    """The lines of a log; a compressed one cut short (a copy interrupted) yields what it holds."""
+    try:
+        yield from f
+    except (EOFError, OSError) as e:
+        log.warning("tuning log %s ends early (%s): reading what it holds", path, e)
+
+
 def sha256_of(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -228,6 +257,7 @@ class LogWriter:
 
     def __init__(self, path: str | Path, header: dict[str, Any], known_workloads=()):
         self.path = Path(path)
+        require_appendable(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         new = not self.path.exists() or self.path.stat().st_size == 0
         needs_newline = False
@@ -271,7 +301,7 @@ def write_log(path: str | Path, header: dict[str, Any], workloads, records) -> N
     """Write a whole log at once (merge, prune), atomically."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with _open_text(tmp, "w", compressed=is_compressed(path)) as f:
         f.write(json.dumps(header, separators=(",", ":")) + "\n")
         for w in workloads:
             f.write(json.dumps(w.to_dict(), separators=(",", ":")) + "\n")

@@ -288,6 +288,36 @@ def test_shipped_log_replays(tmp_path, cli):
     assert r.code == 0, r
 
 
+def test_compressed_logs_read_merge_and_refuse_appends(tmp_path, cli):
+    """A .jsonl.gz log (how the big CUDA logs ship) reads like the plain one, merges and prunes into
+    .gz, one cut short reads up to the cut, and tuning into one is refused with the fix."""
+    import gzip
+
+    from deploytool.tuninglog import TuningLog
+
+    from test_cli import assert_one_line_error
+
+    gz = tmp_path / "sq.jsonl.gz"
+    gz.write_bytes(gzip.compress(SHIPPED.read_bytes()))
+    plain, packed = TuningLog.read(SHIPPED), TuningLog.read(gz)
+    assert len(packed.records) == len(plain.records) > 100 and packed.workloads.keys() == plain.workloads.keys()
+    model = REPO / "deploytool" / "data" / "squeezenet1.0.onnx"
+    r = cli("logs", "check", gz, model, "--target", "x86-avx512")
+    assert r.code == 0, r
+    out = tmp_path / "best.jsonl.gz"
+    r = cli("logs", "prune", gz, "--keep", "1", "-o", out)
+    assert r.code == 0, r
+    best = TuningLog.read(out)
+    assert best.best_by_workload().keys() == plain.best_by_workload().keys()
+    assert {h: r.seconds for h, r in best.best_by_workload().items()} == \
+        {h: r.seconds for h, r in plain.best_by_workload().items()}
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gz.read_bytes()[: gz.stat().st_size * 9 // 10])  # records fill the end
+    assert 0 < len(TuningLog.read(cut).records) < len(plain.records)
+    assert_one_line_error(cli("tune", model, "--target", "x86-avx512", "-o", gz), "cannot append to the compressed",
+                          "gunzip -k")
+
+
 def test_target_compatibility_rule():
     """A log serves targets with the same kind, triple, CPU and attributes; cores do not matter."""
     from deploytool import targets
