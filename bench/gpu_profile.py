@@ -95,14 +95,14 @@ def main(argv=None) -> int:
         for b in map(int, args.batches.split(",")):
             path = model_file(name, b, Path(args.cache))
             log = find_log(Path(args.log_dir), name, b, args.dtype)
+            log = log if log.exists() else None
             so = out / f"{name}-b{b}-{args.dtype}-profile.so"
             t0 = time.perf_counter()
-            deploytool.compile(path, target="cuda", output=so, dtype=args.dtype,
-                               tuning_log=log if log.exists() else None)
+            deploytool.compile(path, target="cuda", output=so, dtype=args.dtype, tuning_log=log)
             compile_s = time.perf_counter() - t0
             r = profile(so, feeds_for(path), args.calls)
             est = {}
-            if log.exists():
+            if log is not None:
                 t = TuningLog.read(log)
                 best = t.best_by_workload()
                 est = {t.workloads[h].name: best[h].seconds * 1e3 for h in best if h in t.workloads}
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
                 base = re.sub(r"_kernel(_\d+)?$", "", k["kernel"])
                 k["log_best_ms"] = est.get(base)
             r.update(model=name, batch=b, dtype=args.dtype, compile_s=compile_s,
-                     log=str(log) if log.exists() else None)
+                     log=str(log) if log else None)
             results.append(r)
     import torch
 

@@ -197,10 +197,13 @@ class LocalMeasurer:
                 break
         results: list[Outcome | str | None] = [None] * len(jobs)
         broken, retry = False, []
+        # queued ones are built again, but only behind at least one stuck build: otherwise (none had
+        # started) retrying could go round for ever, and they all count as timed out
+        any_stuck = any(job.running() for job in pending)
         for i, job in enumerate(jobs):
-            if job in pending:  # stuck (timed out), or queued behind stuck ones (built again below)
+            if job in pending:
                 broken = True
-                if job.running():
+                if job.running() or not any_stuck:
                     results[i] = Outcome(error=f"build timed out after {self.settings.build_timeout_s:.0f} s")
                 else:
                     retry.append(i)

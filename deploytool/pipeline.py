@@ -191,12 +191,13 @@ def _power_by_roots():
                     or getattr(c.ty, "ndim", -1) > getattr(x.ty, "ndim", -1):
                 return call
             data = c.value.numpy()
-            if data.size != 1 or float(data.reshape(-1)[0]) not in _ROOTS:
+            exponent = float(data.reshape(-1)[0]) if data.size == 1 else None
+            if exponent not in _ROOTS:
                 return call
             parts = {"x": x, "s": relax.op.sqrt(x)}
             parts["q"] = relax.op.sqrt(parts["s"])
             out = None
-            for f in _ROOTS[float(data.reshape(-1)[0])]:
+            for f in _ROOTS[exponent]:
                 out = parts[f] if out is None else relax.op.multiply(out, parts[f])
             return self.builder_.normalize(out)
 
