@@ -129,13 +129,13 @@ def run_ort(onnx_path: Path, feeds, warmup: int, repeats: int) -> dict | None:
 
 
 def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir: Path, warmup: int, repeats: int,
-                   ref) -> dict:
+                   ref, tag: str = "") -> dict:
     import deploytool
     from deploytool.artifact import Artifact
     from deploytool.reference import compare
     from deploytool.runner import LocalRunner
 
-    so = out_dir / f"{onnx_path.stem}-{dtype}-cuda.so"
+    so = out_dir / f"{onnx_path.stem}-{dtype}{tag}-cuda.so"
     t0 = time.perf_counter()
     res = deploytool.compile(onnx_path, target="cuda", output=so, dtype=dtype,
                              tuning_log=log if log and log.exists() else None)
@@ -164,6 +164,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--alt-log-dir", help="also build and time deploytool from the logs here, in the same run "
+                    "(a column deploytool_ALT-LABEL): two tuning methods compared on equal terms")
+    ap.add_argument("--alt-label", default="alt")
     ap.add_argument("--torch-only", action="store_true", help="time only the torch engines (deploytool rows "
                     "from an earlier run of the same script)")
     args = ap.parse_args(argv)
@@ -198,6 +201,14 @@ def main(argv=None) -> int:
                     row["log"] = log.name if log.exists() else None
                 except Exception as e:  # a failed engine is a row entry, not the end of the run
                     row["deploytool"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                if args.alt_log_dir and not args.torch_only:
+                    alt = find_log(Path(args.alt_log_dir), name, batch, dtype)
+                    try:
+                        row[f"deploytool_{args.alt_label}"] = run_deploytool(
+                            path, feeds, dtype, alt, cache, args.warmup, args.repeats, ref, tag=f"-{args.alt_label}")
+                        row[f"log_{args.alt_label}"] = alt.name if alt.exists() else None
+                    except Exception as e:
+                        row[f"deploytool_{args.alt_label}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                 try:
                     row["torch_eager"] = run_torch(path, feeds, dtype, None, args.warmup, args.repeats)
                 except Exception as e:

@@ -401,15 +401,17 @@ def default_log_name(model: str | Path, target: str) -> str:
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
-         device=None, dtype: str = "float32", cost_model: str = "pretrained", on_progress=None,
-         progress: Progress = _noop):
+         device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
+         on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
     with this run's measurements; from scratch when the family has none), "none", a file, or
     "metaschedule" (MetaSchedule's own XGBModel from scratch: the baseline for comparisons).
     ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
-    needed when the target is not this machine's architecture."""
+    needed when the target is not this machine's architecture.
+    ``retime_from``: another log of the target whose ``retime_top`` best candidates per kernel are
+    measured again first (new measurement settings, another board), then the search goes on."""
     from deploytool import pipeline
     from deploytool.measure import MeasureSettings
     from deploytool.tuner import TuneOptions
@@ -422,6 +424,9 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(early_stop is None or early_stop >= 0, "--early-stop", early_stop, "0 (off) or a number of trials")
     _require(workers is None or workers >= 1, "--workers", workers, "a number of build workers >= 1")
     _require(dtype in pipeline.DTYPES, "--dtype", dtype, " or ".join(pipeline.DTYPES))
+    _require(retime_top >= 1, "--retime-top", retime_top, "a number of candidates per kernel >= 1")
+    if retime_from is not None and not Path(retime_from).is_file():
+        raise InputError(f"--retime-from: no tuning log at {retime_from}", "pass an existing .jsonl or .jsonl.gz log")
     tgt = _targets.load(target)
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
@@ -453,7 +458,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                 f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
-                       cost_model=cm_file, ranker=ranker, **({"objective": objective} if objective else {}))
+                       cost_model=cm_file, ranker=ranker, retime_from=retime_from, retime_top=retime_top,
+                       **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype})
 

@@ -251,6 +251,7 @@ def cmd_tune(args) -> int:
                  trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
+                 retime_from=args.retime_from, retime_top=args.retime_top,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -490,7 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate (default: 3)")
     s.add_argument("--min-repeat-ms", type=int, default=10, help="each repeat runs at least this long (default: 10)")
     s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
-                   help="time candidates with warm caches (default: caches flushed before each repeat)")
+                   help="time candidates with warm caches (default: CPU caches flushed before each repeat; "
+                        "on GPUs the L2 flushed before each launch)")
+    s.add_argument("--retime-from", metavar="LOG",
+                   help="first measure again the best candidates per kernel of this log (of the same target), "
+                        "with this run's settings: a log moved to new measurement settings or another board")
+    s.add_argument("--retime-top", type=int, default=8, metavar="K", help="candidates per kernel to re-measure (default: 8)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE|metaschedule",
                    help="where the cost model starts: the target family's pretrained model, fine-tuned with "

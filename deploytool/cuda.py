@@ -142,6 +142,7 @@ class GPU:
     max_threads_per_block: int
     max_shared_memory_per_block: int
     warp_size: int
+    l2_bytes: int = 0         # L2 cache size (the tuner's cold-L2 timing flushes twice this)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -159,7 +160,8 @@ def local_gpu() -> GPU | None:
         major, minor = str(dev.compute_version).split(".")
         return GPU(name=str(dev.device_name), arch=f"sm_{major}{minor}", multiprocessors=int(dev.multi_processor_count),
                    max_threads_per_block=int(dev.max_threads_per_block),
-                   max_shared_memory_per_block=int(dev.max_shared_memory_per_block), warp_size=int(dev.warp_size))
+                   max_shared_memory_per_block=int(dev.max_shared_memory_per_block), warp_size=int(dev.warp_size),
+                   l2_bytes=int(dev.l2_cache_size_bytes or 0))
     except Exception:  # no libcuda, driver too old...
         return None
 

@@ -44,6 +44,10 @@ class TuneOptions:
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     device: Any = None                   # a deploytool.device.DeviceSpec: measure on boards over RPC
     progress: Callable[[str], None] | None = None  # one-line notes (boards lost, reconnected)
+    # re-measure the best candidates of another log first (new measurement settings, another board
+    # of the same target): its top ``retime_top`` per kernel become this run's first trials
+    retime_from: Any = None
+    retime_top: int = 8
 
 
 @dataclass
@@ -160,7 +164,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         measurer = RPCMeasurer(target, opts.measure, opts.device, workers=opts.workers, progress=opts.progress)
     else:
         measurer = LocalMeasurer(target, opts.measure, workers=opts.workers)
-    header = make_header(target, device=measurer.device(), measure=opts.measure.to_dict(), model=model,
+    header = make_header(target, device=measurer.device(), measure={**opts.measure.to_dict(), **measurer.timing()},
+                         model=model,
                          emulated=measurer.emulated or False)
     if old is not None and bool(old.header.get("emulated")) != bool(header["emulated"]):
         measurer.close()
@@ -221,6 +226,10 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
                     st.best_s = r.seconds
+        if opts.retime_from is not None:
+            n = _retime(opts.retime_from, opts.retime_top, states, wmods, target, measured, measurer, record)
+            if n:
+                old = TuningLog.read(log_path)  # the cost model starts from the re-measured records
         for st in states:
             st.round_best.append(st.best_s)
             st.curve.append((st.trials, st.best_s))
@@ -437,6 +446,37 @@ def _pick(active: list[TaskState]) -> TaskState:
         if best_g is None or g < best_g:
             best, best_g = st, g
     return best
+
+
+def _retime(path, top: int, states: list[TaskState], wmods, target, measured, measurer, record) -> int:
+    """Measure again, with this run's settings, the ``top`` best candidates per kernel of another
+    log (the ones this log has not measured yet); they count as search trials. Returns how many."""
+    src = TuningLog.read(path)
+    src.check_target(target)
+    by_wl = src.by_workload()
+    jobs = []
+    for st in states:
+        ok = sorted((r for r in by_wl.get(st.workload, []) if r.ok and r.source != "default"), key=lambda r: r.seconds)
+        for r in ok[:max(0, top - st.trials)]:
+            try:
+                sch = replay_trace(wmods[st.workload], r.trace)
+            except Exception:  # a trace from an older deploytool or TVM
+                continue
+            h = kernel_hash(sch.mod)
+            if h not in measured:
+                jobs.append((st, sch, h, r.trace))
+    if not jobs:
+        return 0
+    log.info("re-measuring %d candidates of %s", len(jobs), path)
+    for i in range(0, len(jobs), 32):
+        chunk = jobs[i:i + 32]
+        outs = measurer.measure([sch.mod for _, sch, _, _ in chunk], [st.args for st, _, _, _ in chunk])
+        for (st, _, h, trace), out in zip(chunk, outs):
+            r = record(st, h, trace, out, "search")
+            st.trials += 1
+            if r.ok and r.seconds < st.best_s:
+                st.best_s = r.seconds
+    return len(jobs)
 
 
 def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_target, ms_model=None) -> None:

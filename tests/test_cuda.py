@@ -194,8 +194,11 @@ def test_gpu_tune_resume_and_replay(cli, tmp_path):
     lines = log.read_text().splitlines()
     header = json.loads(lines[0])
     assert header["target"]["tvm"]["kind"] == "cuda" and header["device"].get("gpu")
+    # candidates are timed with a cold L2, one launch per sample, 3 samples per record
+    assert header["measure"]["gpu_timing"] == "cold L2" and header["measure"]["l2_flush_bytes"] > 0
     recs = [r for r in map(json.loads, lines) if r["type"] == "record"]
     assert any(x.get("source") == "search" for x in recs)
+    assert all(len(x["latency_s"]) == 3 for x in recs if x.get("latency_s"))
     r = cli("tune", model, "--target", "cuda", "--trials-per-task", "4", "--batch", "4", "-o", log, "-q")
     assert r.code == 0, r
     assert len(log.read_text().splitlines()) == len(lines)  # resumed: nothing measured again

@@ -181,6 +181,26 @@ def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
     assert r.code == 2 and "merge only logs of the same target" in r.err
 
 
+def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_path, cli):
+    """tune --retime-from: the other log's best candidates per kernel, measured again with this
+    run's settings, are the new log's first trials (here the whole budget: no search)."""
+    log, _ = tuned
+    src = _read(log)
+    out = tmp_path / "retimed.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", out, "--trials-per-task", "2", "--repeat", "2",
+            "--min-repeat-ms", "2", "--no-cache-flush", "--retime-from", log, "--retime-top", "2", "-q")
+    assert r.code == 0, r
+    new = _read(out)
+    assert new.header["measure"]["cache_flush"] is False
+    for wl, recs in src.by_workload().items():
+        top = sorted((x for x in recs if x.ok and x.source != "default"), key=lambda x: x.seconds)[:2]
+        mine = [x for x in new.by_workload()[wl] if x.source != "default"]
+        assert sorted(x.candidate for x in mine) == sorted(x.candidate for x in top)
+        assert all(x.ok for x in mine)
+    r = cli("tune", tiny_model, "--target", "x86", "-o", out, "--retime-from", tmp_path / "none.jsonl", "-q")
+    assert r.code == 2 and "--retime-from: no tuning log at" in r.err
+
+
 def test_kill9_resumes(tmp_path, tiny_model):
     """kill -9 in the middle of a run loses at most the batch in flight and leaves no worker
     behind; rerunning the same command measures nothing twice and finishes the budget."""
