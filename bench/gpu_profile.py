@@ -51,8 +51,9 @@ def profile(so: Path, feeds, calls: int) -> dict:
 
 
 LEGEND = ("GPU us per call: the kernel's time summed over its launches in one call of the model (CUPTI); "
-          "log best us per launch: the tuning log's best for the kernel's function, as the tuner timed it (alone "
-          "and repeated, so its inputs and weights stay in L2; a function that compiles to two kernels, "
+          "log best us per launch: the tuning log's best for the kernel's function, as the tuner timed it (alone; "
+          "logs tuned since 2026-11-30 16:00 UTC time each launch after an L2 flush, earlier ones launch after "
+          "launch on the same buffers, so inputs and weights stayed in L2; a function that compiles to two kernels, "
           "`_kernel_1`, has one log entry for both).")
 
 

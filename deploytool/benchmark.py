@@ -292,6 +292,10 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "gpu.json"
     if f.is_file():
         parts.append("## NVIDIA GPU: `python bench/gpu.py` (on the GPU machine)\n\n" + markdown_gpu(json.loads(f.read_text())))
+    f = results_dir / "gpu-cold-l2.json"
+    if f.is_file():
+        parts.append("### Timing tuning candidates with a cold L2: `python bench/gpu.py --alt-log-dir`\n\n"
+                     + markdown_gpu(json.loads(f.read_text())))
     f = results_dir / "gpu_profile.md"
     if f.is_file():
         parts.append("### Where the GPU time goes: `python bench/gpu_profile.py`\n\n" + f.read_text())
