@@ -337,15 +337,6 @@ def _fold_once(model):
     return model
 
 
-def prepare(model, unsupported: set[str]):
-    """All passes, in order; returns (model, ops expanded from function bodies)."""
-    normalize_constants(model)
-    model, expanded = expand_functions(model, unsupported)
-    normalize_constants(model)
-    model = fold_constants(model)
-    return model, expanded
-
-
 # ----------------------------------------------------------------------------- sub-byte interfaces
 # 4- and 2-bit integers (ONNX UINT4, INT4, UINT2, INT2) -> the byte type that carries them.
 SUBBYTE_CARRIER = {21: 2, 22: 3, 25: 2, 26: 3}  # -> UINT8 / INT8
