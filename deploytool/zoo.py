@@ -9,6 +9,8 @@ same code writes the same bytes (the corpus manifest pins their SHA-256):
 * ``ds_cnn_1d``     a keyword-spotting DS-CNN over 40 log-mel bins x 98 frames, 1-D convolutions
 * ``micro_cnn``     a small image classifier for microcontrollers (conv, depthwise, pooling, dense, softmax)
 * ``kws_dscnn``     MLPerf Tiny's keyword-spotting DS-CNN (49 x 10 MFCC, 2-D depthwise-separable blocks)
+* ``yolov3_tiny``   a detector: YOLOv3-tiny, 416x416, 80 classes (13x13 and 26x26 heads, upsample +
+                    concat), with the box decoding exporters put in the graph; NMS left to the host
 """
 
 from __future__ import annotations
@@ -198,5 +200,64 @@ def kws_dscnn(seed: int = 0, frames: int = 49, mfcc: int = 10, channels: int = 6
                    [helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, num_classes])], opset=13)
 
 
+def yolov3_tiny(seed: int = 0, size: int = 416, num_classes: int = 80):
+    """YOLOv3-tiny (Redmon & Farhadi's darknet config): 13 convolutions with BatchNorm folded into
+    their biases and LeakyReLU(0.1), max pools (the last one stride 1, padded right and bottom),
+    a second head at stride 16 through a 1x1 conv, nearest 2x upsampling and a concat. Each head's
+    raw (1, 255, H, W) output is decoded in the graph as exporters do: box centres
+    (sigmoid + grid) x stride, sizes exp x anchor, objectness and classes sigmoid; the two heads
+    are concatenated into (1, 2535, 85) detections. Non-maximum suppression is left to the host."""
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+    na, no = 3, num_classes + 5
+
+    def conv(x, cin, cout, k, act=True, gain=2.0):
+        y = b.op("Conv", [x, b.weight((cout, cin, k, k), fan_in=cin * k * k, gain=gain), b.bias(cout)],
+                 kernel_shape=[k, k], pads=[k // 2] * 4)
+        return b.op("LeakyRelu", [y], alpha=0.1) if act else y
+
+    def maxpool(x, stride=2):
+        return b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[stride, stride],
+                    pads=[0, 0, 1, 1] if stride == 1 else [0, 0, 0, 0])
+
+    def decode(x, grid_hw: int, stride: int, anchors):
+        shape5 = b.const(np.array([1, na, no, grid_hw, grid_hw], np.int64), "shape")
+        t = b.op("Transpose", [b.op("Reshape", [x, shape5])], perm=[0, 1, 3, 4, 2])  # (1, 3, H, W, 85)
+
+        def part(lo, hi):
+            return b.op("Slice", [t, b.const(np.array([lo], np.int64), "lo"), b.const(np.array([hi], np.int64), "hi"),
+                                  b.const(np.array([4], np.int64), "axis")])
+        gy, gx = np.meshgrid(np.arange(grid_hw), np.arange(grid_hw), indexing="ij")
+        grid = b.const(np.stack([gx, gy], -1).reshape(1, 1, grid_hw, grid_hw, 2).astype(np.float32), "grid")
+        xy = b.op("Mul", [b.op("Add", [b.op("Sigmoid", [part(0, 2)]), grid]),
+                          b.const(np.array(float(stride), np.float32), "stride")])
+        wh = b.op("Mul", [b.op("Exp", [part(2, 4)]),
+                          b.const(np.array(anchors, np.float32).reshape(1, na, 1, 1, 2), "anchors")])
+        y = b.op("Concat", [xy, wh, b.op("Sigmoid", [part(4, no)])], axis=4)
+        return b.op("Reshape", [y, b.const(np.array([1, na * grid_hw * grid_hw, no], np.int64), "shape")])
+
+    y = "images"
+    cin = 3
+    for cout in (16, 32, 64, 128):
+        y = maxpool(conv(y, cin, cout, 3))
+        cin = cout
+    route = conv(y, 128, 256, 3)                       # stride 16, 26x26x256
+    y = maxpool(conv(maxpool(route), 256, 512, 3), stride=1)
+    y = conv(conv(y, 512, 1024, 3), 1024, 256, 1)      # 13x13x256
+    head1 = conv(conv(y, 256, 512, 3), 512, na * no, 1, act=False, gain=0.1)
+    up = b.op("Resize", [conv(y, 256, 128, 1), "", b.const(np.array([1, 1, 2, 2], np.float32), "scales")],
+              mode="nearest")
+    y = b.op("Concat", [up, route], axis=1)            # 26x26x384
+    head2 = conv(conv(y, 384, 256, 3), 256, na * no, 1, act=False, gain=0.1)
+    g1, g2 = size // 32, size // 16
+    b.op("Concat", [decode(head1, g1, 32, [(81, 82), (135, 169), (344, 319)]),
+                    decode(head2, g2, 16, [(10, 14), (23, 27), (37, 58)])], axis=1)
+    b.nodes[-1].output[0] = "detections"
+    n = na * (g1 * g1 + g2 * g2)
+    return b.model("yolov3_tiny", [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+                   [helper.make_tensor_value_info("detections", TensorProto.FLOAT, [1, n, no])], opset=13)
+
+
 BUILDERS = {"mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
-            "micro_cnn": micro_cnn, "kws_dscnn": kws_dscnn}
+            "micro_cnn": micro_cnn, "kws_dscnn": kws_dscnn, "yolov3_tiny": yolov3_tiny}
