@@ -201,8 +201,11 @@ def _reverse_inline_consumers(sch, block) -> None:
 def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
     """The rest of an epilogue that could not be inlined into the write-back: inline its inner
     elementwise blocks into their consumers, then compute what is left on each finished tile."""
-    keep_ids = [sch.get(b) for b in keep]
     _inline_spatial_intermediates(sch, root, keep)
+    # looked up after the inlining, which rewrites the blocks (the IR objects taken before would no
+    # longer match, and a kept padding stage would be moved onto the tile: seen on a convolution
+    # whose epilogue reads its result twice, maximum(x, x * a))
+    keep_ids = [sch.get(b) for b in keep]
     loop_sref = sch.get_sref(loop)
     for b in sch.get_child_blocks(root):
         blk = sch.get(b)

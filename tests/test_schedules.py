@@ -32,6 +32,7 @@ def _tiny_bert():
     ("ds_cnn_1d", zoo.ds_cnn_1d),
     ("tiny_bert", _tiny_bert),
     ("mobilenet_v2", zoo.mobilenet_v2),
+    ("small_yolov3_tiny", lambda: zoo.yolov3_tiny(size=64, num_classes=3)),  # the box decoding's slices, exp, concat
 ])
 def test_every_kernel_is_scheduled_and_correct(name, build, tmp_path):
     src = tmp_path / f"{name}.onnx"
@@ -95,6 +96,34 @@ def test_per_channel_constants_keep_the_graph_in_one_layout(tmp_path):
 
 
 @pytest.mark.models
+def test_leaky_relu_fuses_into_the_convolution(tmp_path):
+    """Conv -> LeakyRelu -> MaxPool -> Conv -> LeakyRelu: the LeakyReLUs fuse into their convolutions
+    in the x86 NCHWc layout, with no transpose back to NCHW around them (TVM's layout conversion
+    has no rule for leaky_relu); the numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (16, 3, 3, 3)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (16, 16, 3, 3)).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c1"], ["l1"], alpha=0.1),
+             helper.make_node("MaxPool", ["l1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Conv", ["p", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("LeakyRelu", ["c2"], ["y"], alpha=0.1)]
+    g = helper.make_graph(nodes, "leaky", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 32, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], inits)
+    src = tmp_path / "leaky.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    res = deploytool.compile(src, output=tmp_path / "leaky.so")
+    names = [t.name for t in res.tasks]
+    assert not any("leaky" in n for n in names), names
+    convs = [n for n in names if "conv2d" in n]
+    assert len(convs) == 2 and all("maximum" in n for n in convs), names
+    assert sum("transpose" in n or "layout_transform" in n for n in names) <= 2, names  # in and out only
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
 def test_constant_powers_become_roots_and_match_onnxruntime(tmp_path):
     """LRN's x^0.75 (and Pow by 0.5 or 2) leave no pow call in the kernels (a scalar libm call per
     element: Inception v1's LRN ran at 1.2 GFLOP/s); the numbers still match onnxruntime."""
