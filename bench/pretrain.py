@@ -148,6 +148,12 @@ def main() -> int:
         res["offline"].append({"model": m, "pretrained": ours, "random": rnd})
         print(f"offline {m}: {ours}", flush=True)
 
+    outside = sorted(needed - set(models))  # held out by construction: pretrained on the whole dataset
+    if outside:
+        path = tmp / "whole-dataset.ubj"
+        P.fit(data, exclude=[]).save(path)
+        loo.update({m: path for m in outside})
+
     entries = {e["name"]: e for e in benchmark.load_manifest()["models"]}
     cache = Path.home() / ".cache" / "deploytool" / "corpus"
     for m in [x for x in args.online.split(",") if x]:
@@ -188,11 +194,12 @@ def main() -> int:
     res["trials_per_task"] = args.trials_per_task
     if args.keep:
         prev = json.loads(Path(args.keep).read_text())
-        for section in ("offline", "predict"):
-            if not res[section]:
-                res[section] = prev.get(section, [])
-        redone = {r["model"] for r in res["online"]}
-        res["online"] = [r for r in prev.get("online", []) if r["model"] not in redone] + res["online"]
+        if not res["offline"]:
+            res["offline"] = prev.get("offline", [])
+        for section in ("online", "predict"):  # merged by model: a model redone replaces its old rows
+            redone = {r["model"] for r in res[section]}
+            res[section] = [r for r in prev.get(section, []) if r["model"] not in redone] + res[section]
+        res["notes"] = prev.get("notes", [])
         if not any(x for x in args.online.split(",")):
             res["trials_per_task"] = prev.get("trials_per_task", args.trials_per_task)
     out = Path(args.out)
