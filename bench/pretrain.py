@@ -34,12 +34,21 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def reference_s(log_path: Path) -> float:
+def reference_s(log_path: Path, onnx_path: Path, target: str) -> float:
+    """The reference log's estimate for the model's kernels as the pipeline makes them today (a
+    log that also holds kernels of an older graph, e.g. before a fusion change, counts only these)."""
+    from deploytool import frontend, pipeline, targets
     from deploytool.tuninglog import TuningLog
 
     t = TuningLog.read(log_path)
     best = t.best_by_workload()
-    return sum(best[h].seconds * t.workloads[h].calls for h in best if h in t.workloads)
+    tgt = targets.load(target)
+    tasks = pipeline.tasks(pipeline.partition(pipeline.optimize(frontend.import_onnx(onnx_path).mod, tgt), tgt))
+    missing = [k.name for k in tasks if k.workload_hash not in best]
+    if missing:
+        raise SystemExit(f"{log_path} has no record for {len(missing)} kernels of {onnx_path.name} "
+                         f"({', '.join(missing[:3])}...): tune it first (bench/tuned.py --models ...)")
+    return sum(best[k.workload_hash].seconds * max(k.calls, 1) for k in tasks)
 
 
 KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
@@ -158,7 +167,7 @@ def main() -> int:
     cache = Path.home() / ".cache" / "deploytool" / "corpus"
     for m in [x for x in args.online.split(",") if x]:
         onnx_path = benchmark.materialize(entries[m], cache)
-        ref = reference_s(Path(args.logs_dir) / f"{m}-{args.target}.jsonl")
+        ref = reference_s(Path(args.logs_dir) / f"{m}-{args.target}.jsonl", onnx_path, args.target)
         row = {"model": m, "reference_ms": ref * 1e3, "runs": []}
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
