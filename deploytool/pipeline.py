@@ -131,6 +131,24 @@ def _relax_function_pass(mutator, name: str):
     return run
 
 
+def _op_rewrite_pass(op_name: str, rewrite, name: str):
+    """A pass that replaces each call of the Relax operator ``op_name`` (its arguments already
+    rewritten) by ``rewrite(call)``, or keeps it where that returns None."""
+    import tvm
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Rewrite(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = self.builder_.normalize(super().visit_call_(call))
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name != op_name:
+                return call
+            out = rewrite(call)
+            return call if out is None else self.builder_.normalize(out)
+
+    return _relax_function_pass(Rewrite, name)
+
+
 _BROADCAST_BINARY = {"relax.add", "relax.subtract", "relax.multiply", "relax.divide", "relax.maximum", "relax.minimum",
                      "relax.power"}
 
@@ -181,28 +199,23 @@ def _power_by_roots():
     import tvm
     from tvm import relax
 
-    @relax.expr_functor.mutator
-    class Roots(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = self.builder_.normalize(super().visit_call_(call))
-            if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.power":
-                return call
-            x, c = call.args
-            if not isinstance(c, tvm.ir.Constant) or str(getattr(x.ty, "dtype", "")) not in ("float32", "float16") \
-                    or getattr(c.ty, "ndim", -1) > getattr(x.ty, "ndim", -1):
-                return call
-            data = c.value.numpy()
-            exponent = float(data.reshape(-1)[0]) if data.size == 1 else None
-            if exponent not in _ROOTS:
-                return call
-            parts = {"x": x, "s": relax.op.sqrt(x)}
-            parts["q"] = relax.op.sqrt(parts["s"])
-            out = None
-            for f in _ROOTS[exponent]:
-                out = parts[f] if out is None else relax.op.multiply(out, parts[f])
-            return self.builder_.normalize(out)
+    def rewrite(call):
+        x, c = call.args
+        if not isinstance(c, tvm.ir.Constant) or str(getattr(x.ty, "dtype", "")) not in ("float32", "float16") \
+                or getattr(c.ty, "ndim", -1) > getattr(x.ty, "ndim", -1):
+            return None
+        data = c.value.numpy()
+        exponent = float(data.reshape(-1)[0]) if data.size == 1 else None
+        if exponent not in _ROOTS:
+            return None
+        parts = {"x": x, "s": relax.op.sqrt(x)}
+        parts["q"] = relax.op.sqrt(parts["s"])
+        out = None
+        for f in _ROOTS[exponent]:
+            out = parts[f] if out is None else relax.op.multiply(out, parts[f])
+        return out
 
-    return _relax_function_pass(Roots, "PowerByRoots")
+    return _op_rewrite_pass("relax.power", rewrite, "PowerByRoots")
 
 
 def _leaky_relu_as_max():
@@ -211,23 +224,17 @@ def _leaky_relu_as_max():
     leaky_relu, so on x86 (NCHWc) every LeakyReLU went back to NCHW through a transpose and its own
     kernel, and the max pool after it through another (YOLOv3-tiny: 11 LeakyReLU kernels and 8
     transposes, ~2.5 of its 32 ms); multiply and maximum convert and fuse into the convolution."""
-    import tvm
     from tvm import relax
 
-    @relax.expr_functor.mutator
-    class Leaky(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = self.builder_.normalize(super().visit_call_(call))
-            if not isinstance(call.op, tvm.ir.Op) or call.op.name != "relax.nn.leakyrelu":
-                return call
-            x = call.args[0]
-            alpha = float(call.attrs.alpha)
-            dtype = str(getattr(x.ty, "dtype", ""))
-            if dtype not in ("float32", "float16") or not 0.0 <= alpha <= 1.0:
-                return call
-            return self.builder_.normalize(relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, dtype))))
+    def rewrite(call):
+        x = call.args[0]
+        alpha = float(call.attrs.alpha)
+        dtype = str(getattr(x.ty, "dtype", ""))
+        if dtype not in ("float32", "float16") or not 0.0 <= alpha <= 1.0:
+            return None
+        return relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, dtype)))
 
-    return _relax_function_pass(Leaky, "LeakyReluAsMax")
+    return _op_rewrite_pass("relax.nn.leakyrelu", rewrite, "LeakyReluAsMax")
 
 
 def _run_passes(seq, mod, target: Target, what: str):
