@@ -309,8 +309,10 @@ def cmd_logs(args) -> int:
     where = f"board {dev.get('host')}:{dev.get('port')}" if dev.get("kind") == "rpc" and not dev.get("key") else \
         f"tracker {dev.get('host')}:{dev.get('port')} key '{dev.get('key')}' ({dev.get('boards')} boards)" \
         if dev.get("kind") == "rpc" else "local"
-    print(f"target     {h.get('target', {}).get('name')}   device {where}, {dev.get('arch', '')} {dev.get('cpu', '?')} "
-          f"({dev.get('threads') or dev.get('cores') or '?'} threads)"
+    what = (f"{dev['gpu']} ({dev.get('gpu_arch', '?')}), timed with {h.get('measure', {}).get('gpu_timing', 'a warm L2')}"
+            if dev.get("gpu") else
+            f"{dev.get('arch', '')} {dev.get('cpu', '?')} ({dev.get('threads') or dev.get('cores') or '?'} threads)")
+    print(f"target     {h.get('target', {}).get('name')}   device {where}, {what}"
           + (f"   EMULATED ({h['emulated']}): not for shipping" if h.get('emulated') else ""))
     print(f"made by    deploytool {h.get('deploytool')}, TVM {h.get('tvm')}, {h.get('created')}"
           + (f"; model {h['model']['file']}" if h.get("model") else ""))

@@ -404,3 +404,10 @@ def test_stuck_builds_time_out_per_batch_and_the_builders_recover():
     m.settings = MeasureSettings()
     res = m.build([kernel(64 + i) for i in range(3)])
     assert all(isinstance(r, str) and os.path.exists(r) for r in res), res
+
+
+def test_logs_show_names_the_gpu_and_its_timing(cli):
+    """A CUDA log's header names the GPU and how candidates were timed (cold or warm L2)."""
+    r = cli("logs", "show", REPO / "tuning_logs" / "resnet50-b1-float16-cuda.jsonl.gz")
+    assert r.code == 0, r
+    assert "NVIDIA H200 (sm_90), timed with cold L2" in r.out, r.out
