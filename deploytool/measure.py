@@ -90,19 +90,19 @@ def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str
 
 # GPU candidates are timed with a cold L2 (settings["cache_flush"]): inside a model a kernel's
 # weights come from HBM (the kernels before it ran over other data), while a kernel timed alone,
-# launch after launch on the same buffers, finds them in the L2 (50 MB on an H100/H200). Measured on
+# launch after launch on the same buffers, finds them in the L2 (60 MB on the H200). Measured on
 # the H200: tuned tensor-core kernels timed warm ran 1.2-1.84x slower inside the model than the
-# tuner had timed them (bench/results/gpu_profile.md); the untuned ones matched within 4%.
-# So before each timed launch the timer copies a buffer of 2x the L2 (read + write: 4x the L2 of
-# traffic) on the same stream; the copy keeps the GPU busy while the launch is queued, so the
-# launch gap stays out of the number. Each repeat the record keeps is the mean of this many launches.
+# tuner had timed them; the untuned ones matched within 4%. So before each timed launch the timer
+# copies a buffer of 2x the L2 (read + write: 4x the L2 of traffic) on the same stream. Measured
+# since (bench/results/gpu_profile.md): a cold sample still carries ~5-6 us of launch latency and
+# the flush also evicts activations the model finds in L2, so logged times run high (in model /
+# log 0.5-0.94x); which candidate of a kernel wins does not change. Each repeat the record keeps
+# is the mean of this many launches.
 GPU_COLD_LAUNCHES = 10
 
 
-def gpu_timing(device: str, settings: dict, l2_bytes: int | None = None) -> dict:
-    """How GPU candidates are timed, for the tuning log's header ({} on CPUs)."""
-    if device == "cpu":
-        return {}
+def gpu_timing(settings: dict, l2_bytes: int | None = None) -> dict:
+    """How GPU candidates are timed, for the tuning log's header."""
     if not settings["cache_flush"]:
         return {"gpu_timing": "warm L2"}
     return {"gpu_timing": "cold L2", "l2_flush_bytes": _l2_flush_bytes(l2_bytes),
@@ -139,6 +139,7 @@ def _time_cold_gpu(lib, entry: str, dev, tensors: list, settings: dict) -> list[
         n = _l2_flush_bytes(dev.l2_cache_size_bytes)
         src, dst = tvm.runtime.empty((n,), "uint8", dev), tvm.runtime.empty((n,), "uint8", dev)
         _FLUSH.update(src=src, dst=dst)
+
         def flush(*_):  # returns nothing: the evaluator refuses an object as the hook's result
             _FLUSH["src"].copyto(_FLUSH["dst"])
 
@@ -195,7 +196,7 @@ class LocalMeasurer:
         """How candidates are timed beyond the settings (the GPU's L2 flush), for the log's header."""
         if not self.cuda:
             return {}
-        return gpu_timing("cuda", self.settings.to_dict(), getattr(self.gpu, "l2_bytes", None))
+        return gpu_timing(self.settings.to_dict(), getattr(self.gpu, "l2_bytes", None))
 
     def _pool(self, which: str):
         if which == "build":

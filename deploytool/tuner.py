@@ -454,7 +454,7 @@ def _retime(path, top: int, states: list[TaskState], wmods, target, measured, me
     src = TuningLog.read(path)
     src.check_target(target)
     by_wl = src.by_workload()
-    jobs = []
+    jobs, queued = [], set()
     for st in states:
         ok = sorted((r for r in by_wl.get(st.workload, []) if r.ok and r.source != "default"), key=lambda r: r.seconds)
         for r in ok[:max(0, top - st.trials)]:
@@ -463,7 +463,8 @@ def _retime(path, top: int, states: list[TaskState], wmods, target, measured, me
             except Exception:  # a trace from an older deploytool or TVM
                 continue
             h = kernel_hash(sch.mod)
-            if h not in measured:
+            if h not in measured and h not in queued:  # each candidate measured once
+                queued.add(h)
                 jobs.append((st, sch, h, r.trace))
     if not jobs:
         return 0
