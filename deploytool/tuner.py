@@ -160,6 +160,10 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     if log_path.exists() and log_path.stat().st_size > 0:
         old = TuningLog.read(log_path)
         old.check_target(target)
+    retime_src = None
+    if opts.retime_from is not None:  # checked before anything is measured
+        retime_src = TuningLog.read(opts.retime_from)
+        retime_src.check_target(target)
     if opts.device is not None:
         measurer = RPCMeasurer(target, opts.measure, opts.device, workers=opts.workers, progress=opts.progress)
     else:
@@ -226,8 +230,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
                     st.best_s = r.seconds
-        if opts.retime_from is not None:
-            n = _retime(opts.retime_from, opts.retime_top, states, wmods, target, measured, measurer, record)
+        if retime_src is not None:
+            n = _retime(retime_src, opts.retime_top, states, wmods, measured, measurer, record)
             if n:
                 old = TuningLog.read(log_path)  # the cost model starts from the re-measured records
         for st in states:
@@ -448,11 +452,9 @@ def _pick(active: list[TaskState]) -> TaskState:
     return best
 
 
-def _retime(path, top: int, states: list[TaskState], wmods, target, measured, measurer, record) -> int:
+def _retime(src: TuningLog, top: int, states: list[TaskState], wmods, measured, measurer, record) -> int:
     """Measure again, with this run's settings, the ``top`` best candidates per kernel of another
     log (the ones this log has not measured yet); they count as search trials. Returns how many."""
-    src = TuningLog.read(path)
-    src.check_target(target)
     by_wl = src.by_workload()
     jobs, queued = [], set()
     for st in states:
@@ -468,7 +470,7 @@ def _retime(path, top: int, states: list[TaskState], wmods, target, measured, me
                 jobs.append((st, sch, h, r.trace))
     if not jobs:
         return 0
-    log.info("re-measuring %d candidates of %s", len(jobs), path)
+    log.info("re-measuring %d candidates of %s", len(jobs), src.path)
     for i in range(0, len(jobs), 32):
         chunk = jobs[i:i + 32]
         outs = measurer.measure([sch.mod for _, sch, _, _ in chunk], [st.args for st, _, _, _ in chunk])

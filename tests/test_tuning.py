@@ -199,6 +199,11 @@ def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_pa
         assert all(x.ok for x in mine)
     r = cli("tune", tiny_model, "--target", "x86", "-o", out, "--retime-from", tmp_path / "none.jsonl", "-q")
     assert r.code == 2 and "--retime-from: no tuning log at" in r.err
+    # a log of another target is refused before anything is measured: no log written
+    other = tmp_path / "other.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", other, "-q",
+            "--retime-from", REPO / "tuning_logs" / "resnet50-b1-float32-cuda.jsonl.gz")
+    assert r.code == 2 and "was made for target 'cuda'" in r.err and not other.exists()
 
 
 def test_kill9_resumes(tmp_path, tiny_model):
