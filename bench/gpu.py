@@ -129,7 +129,7 @@ def run_ort(onnx_path: Path, feeds, warmup: int, repeats: int) -> dict | None:
 
 
 def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir: Path, warmup: int, repeats: int,
-                   ref, tag: str = "") -> dict:
+                   ref, tag: str = "", split_k: bool = True) -> dict:
     import deploytool
     from deploytool.artifact import Artifact
     from deploytool.reference import compare
@@ -137,7 +137,7 @@ def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir
 
     so = out_dir / f"{onnx_path.stem}-{dtype}{tag}-cuda.so"
     t0 = time.perf_counter()
-    res = deploytool.compile(onnx_path, target="cuda", output=so, dtype=dtype,
+    res = deploytool.compile(onnx_path, target="cuda", output=so, dtype=dtype, split_k=split_k,
                              tuning_log=log if log and log.exists() else None)
     compile_s = time.perf_counter() - t0
     runner = LocalRunner(Artifact.open(so))
@@ -167,6 +167,8 @@ def main(argv=None) -> int:
     ap.add_argument("--alt-log-dir", help="also build and time deploytool from the logs here, in the same run "
                     "(a column deploytool_ALT-LABEL): two tuning methods compared on equal terms")
     ap.add_argument("--alt-label", default="alt")
+    ap.add_argument("--alt-no-split-k", action="store_true", help="build the --alt-log-dir column without split-K "
+                    "(deploytool.splitk): its logs were tuned on the unsplit kernels")
     ap.add_argument("--torch-only", action="store_true", help="time only the torch engines (deploytool rows "
                     "from an earlier run of the same script)")
     args = ap.parse_args(argv)
@@ -205,7 +207,8 @@ def main(argv=None) -> int:
                     alt = find_log(Path(args.alt_log_dir), name, batch, dtype)
                     try:
                         row[f"deploytool_{args.alt_label}"] = run_deploytool(
-                            path, feeds, dtype, alt, cache, args.warmup, args.repeats, ref, tag=f"-{args.alt_label}")
+                            path, feeds, dtype, alt, cache, args.warmup, args.repeats, ref, tag=f"-{args.alt_label}",
+                            split_k=not args.alt_no_split_k)
                         row[f"log_{args.alt_label}"] = alt.name if alt.exists() else None
                     except Exception as e:
                         row[f"deploytool_{args.alt_label}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}

@@ -159,12 +159,15 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
-            dtype: str = "float32", predict: str | None = None, progress: Progress = _noop) -> CompileResult:
+            dtype: str = "float32", predict: str | None = None, split_k: bool = True,
+            progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
     ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs).
     ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize).
+    ``split_k=False``: GPU matmuls and convolutions with a small output keep one kernel (see
+    deploytool.splitk; the kernels differ, so tune and compile must agree).
     ``predict`` ("pretrained" or a model file): kernels without a log record take the schedule the
     cost model ranks first, nothing measured (deploytool.predict)."""
     from deploytool import pipeline
@@ -206,7 +209,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
 
     bound = _bindings(bind_inputs)
     imported = stage("import", import_model, model, _shapes(input_shapes), bound)
-    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype)
+    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
@@ -232,6 +235,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   onnx_sha256=imported.info.sha256,
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
+                                         "split_k": split_k and tgt.family == "cuda",
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
@@ -402,7 +406,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
-         on_progress=None, progress: Progress = _noop):
+         split_k: bool = True, on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
@@ -451,7 +455,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
 
     require_appendable(output)
     imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt)
+    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
              + ("MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
@@ -461,7 +465,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                        cost_model=cm_file, ranker=ranker, retime_from=retime_from, retime_top=retime_top,
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
-                 model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype})
+                 model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
+                        "split_k": split_k and tgt.family == "cuda"})
 
 
 def _cost_model_file(choice: str, tgt):
@@ -502,7 +507,7 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
 
 
 def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
-               allow_emulated: bool = False, dtype: str = "float32"):
+               allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True):
     """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
     or holds timings from an emulated board, unless ``allow_emulated``)."""
     from deploytool import logs, pipeline
@@ -516,7 +521,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
                              f"timings do not rank schedules for a real {tgt.arch} board",
                              "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
-    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype), tgt))
+    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k), tgt))
     return logs.coverage(tlog, task_list)
 
 

@@ -93,7 +93,7 @@ def cmd_compile(args) -> int:
 
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
-                    bind_inputs=args.bind_input, dtype=args.dtype,
+                    bind_inputs=args.bind_input, dtype=args.dtype, split_k=args.split_k,
                     tuning_log=args.tuning_log, require_tuned=args.require_tuned, predict=args.predict,
                     progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
@@ -251,7 +251,7 @@ def cmd_tune(args) -> int:
                  trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
-                 retime_from=args.retime_from, retime_top=args.retime_top,
+                 retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -287,7 +287,7 @@ def cmd_logs(args) -> int:
         print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
     else:
         cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape, dtype=args.dtype,
-                             allow_emulated=args.allow_emulated)
+                             split_k=args.split_k, allow_emulated=args.allow_emulated)
         if args.json:
             print(json.dumps({"covered": cov.covered, "missing": cov.missing}, indent=1))
         else:
@@ -446,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dtype", default="float32", metavar="float32|float16",
                         help="float16: mixed precision inside (convs/matmuls and activations in float16, tensor "
                         "cores on GPUs), float32 inputs and outputs (default: float32)")
+        sp.add_argument("--no-split-k", dest="split_k", action="store_false",
+                        help="GPUs, float16: keep one kernel per matmul/convolution whose output is too small to "
+                        "fill the GPU (by default its reduction is split over more thread blocks and summed after)")
 
     def device_args(sp, what):
         sp.add_argument("--device", metavar="HOST:PORT|KEY@HOST:PORT",

@@ -41,7 +41,7 @@ class Task:
 DTYPES = ("float32", "float16")
 
 
-def optimize(mod, target: Target, dtype: str = "float32"):
+def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
     data layouts the target family's schedules want (weights are re-laid out once, here).
 
@@ -67,6 +67,10 @@ def optimize(mod, target: Target, dtype: str = "float32"):
         passes += [relax.transform.ToMixedPrecision(out_dtype="float16"), relax.transform.FoldConstant()]
     elif dtype != "float32":
         raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
+    if target.family == "cuda" and dtype == "float16" and split_k:
+        from deploytool import splitk
+
+        passes.append(splitk.split_k_pass(splitk.sm_count(target)))
     mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
     layouts = schedules.desired_layouts(target)
     if layouts:

@@ -269,3 +269,109 @@ def test_cuda_float16_tensor_core_candidates_build_and_replay(tmp_path):
                        text=True, timeout=300)
     assert r.returncode == 0 and "replayed" in r.stdout, r.stderr[-2000:]
 
+
+
+# ----------------------------------------------------------------------------- split-K (CI: CPU only)
+@pytest.mark.fast
+def test_split_k_chooses_splits_only_for_small_outputs():
+    """Batch-1 shapes get K split until about two waves of 64x64 tiles cover the SMs (chunks of at
+    least 128 steps); batch-32 shapes and short reductions are left alone."""
+    from deploytool.splitk import choose_split
+
+    assert choose_split(128, 768, 3072, 132) == 8  # BERT b1 FFN down-projection: 24 tiles
+    assert choose_split(49, 512, 4608, 132) == 16  # ResNet-50 b1 last stage 3x3: 8 tiles
+    assert choose_split(49, 512, 4608, 16) == 4  # the same on a 16-SM Orin
+    assert choose_split(128 * 32, 768, 3072, 132) == 1  # BERT at batch 32: 768 tiles
+    assert choose_split(3136, 64, 256, 132) == 1  # a short reduction
+    assert choose_split(128, 768, 768 + 64, 132) in (1, 2, 4) and 832 % choose_split(128, 768, 832, 132) == 0
+
+
+@pytest.mark.models
+def test_split_k_rewrite_computes_the_same_conv_and_matmul():
+    """The rewrite (partial products in float32 over K chunks, then their sum fused with what
+    followed) gives the operator's result: a strided, padded float16 conv + ReLU and a float16
+    matmul, built for the CPU with and without it, against a float64 numpy reference. The split
+    build is at least as close as the unsplit one (which accumulates in float16)."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from deploytool import splitk
+
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((32, 64, 3, 3)) * 0.1).astype("float16")
+    b = (rng.standard_normal((1024, 48)) * 0.1).astype("float16")
+    xs = rng.standard_normal((1, 64, 9, 9)).astype("float16")
+    ys = rng.standard_normal((1, 16, 1024)).astype("float16")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 64, 9, 9), "float16"))
+    y = relax.Var("y", relax.TensorType((1, 16, 1024), "float16"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.nn.conv2d(x, relax.const(w), strides=[2, 2], padding=[1, 1, 1, 1]))
+            c = bb.emit(relax.op.nn.relu(c))
+            m = bb.emit(relax.op.matmul(y, relax.const(b)))
+            out = bb.emit_output(relax.Tuple([c, m]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    split = splitk.split_k_pass(132)(mod)
+    names = {gv.name_hint for gv in split.functions}
+    assert {"conv2d_splitk", "matmul_splitk"} <= names, names
+
+    xp = np.pad(xs.astype("float64"), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref_c = np.zeros((1, 32, 5, 5))
+    for i in range(5):
+        for j in range(5):
+            ref_c[0, :, i, j] = np.einsum("ochw,chw->o", w.astype("float64"), xp[0, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3])
+    ref = [np.maximum(ref_c, 0), ys.astype("float64") @ b.astype("float64")]
+    errs = []
+    for m in (mod, split):
+        vm = relax.VirtualMachine(tvm.compile(m, target=tvm.target.Target({"kind": "llvm"})), tvm.cpu())
+        got = vm["main"](tvm.runtime.tensor(xs), tvm.runtime.tensor(ys))
+        errs.append([float(np.abs(g.numpy().astype("float64") - r).max() / np.abs(r).max()) for g, r in zip(got, ref)])
+    assert all(e < 2e-3 for e in errs[1]), errs  # float16 output rounding only
+    assert all(s <= u for s, u in zip(errs[1], errs[0])), errs
+
+
+@pytest.mark.models
+def test_split_k_kernels_are_gemms_for_dlight_and_the_tensor_core_space(tmp_path, cli):
+    """On a float16 CUDA build the split kernels are scheduled by dlight's Matmul rule (the default)
+    and get tensor-core sketches in the tuning space; the sum is fused with the epilogue, and
+    --no-split-k keeps one kernel per operator."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm.s_tir import meta_schedule as ms
+
+    import numpy as np
+
+    from deploytool import frontend, pipeline, targets
+    from deploytool.schedules import gpu, space
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((256, 512, 3, 3)) * 0.02).astype("float32"), "w")
+    bias = numpy_helper.from_array(rng.standard_normal(256).astype("float32"), "bias")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w", "bias"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 512, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 7, 7])], [w, bias])
+    path = tmp_path / "conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+    tgt = targets.load("cuda")
+    mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(path).mod, tgt, "float16"), tgt)
+    names = [t.name for t in pipeline.tasks(mod)]
+    part = next(n for n in names if n.startswith("conv2d_splitk"))
+    assert any(n.startswith("fused_sum_splitk") and "relu" in n for n in names), names
+    assert gpu.schedule_sch(mod[part], tgt.tvm_target())[1] == "Matmul"
+    ctx = ms.TuneContext(mod=space.workload_module(mod[part]), target=tgt.tvm_target(),
+                         space_generator=space.space_generator(tgt, with_default=False), task_name=part)
+    assert any("meta_schedule.auto_tensorize" in str(s.trace) for s in ctx.generate_design_space())
+
+    plain = pipeline.partition(pipeline.optimize(frontend.import_onnx(path).mod, tgt, "float16", split_k=False), tgt)
+    assert not any("splitk" in t.name for t in pipeline.tasks(plain))
+    out = tmp_path / "conv.so"
+    r = cli("compile", str(path), "--target", "cuda", "--dtype", "float16", "-o", str(out))
+    assert r.code == 0, r
+    from deploytool.artifact import Artifact
+
+    assert Artifact.open(out).metadata["split_k"] is True
