@@ -28,11 +28,14 @@ case "${1:-}" in
     # part; 60 MiB leaves room under the 64 MiB limit. The last part travels with the small wheels.
     tree=$( (git ls-files; git ls-files -o --exclude-standard) | xargs -d '\n' du -cb 2>/dev/null | tail -1 | cut -f1)
     small=$(du -cb .whl/apache_tvm_ffi-*.whl .whl/tornado-*.whl .whl/xgboost_cpu-*.whl | tail -1 | cut -f1)
-    room=$(( 60 * 1048576 - tree - small ))
+    # staged parts fill what the tree leaves; the last part (which travels with the small wheels) takes the rest
+    room=$(( 60 * 1048576 - tree ))
     size=$(stat -c %s ".whl/$TVM_WHEEL")
-    test "$room" -gt 8000000 || { echo "the tree ($tree bytes) leaves no room for the wheel parts" >&2; exit 3; }
-    n=$(( (size + room - 1) / room ))
-    mkdir -p .gpuparts && split -n "$n" ".whl/$TVM_WHEEL" .gpuparts/tvm.part.
+    test "$(( room - small ))" -gt 8000000 || { echo "the tree ($tree bytes) leaves no room for the wheel parts" >&2; exit 3; }
+    n=$(( (size + small + room - 1) / room ))
+    part=$(( (size + n - 1) / n )); test "$part" -le "$room" || part=$room
+    last=$(( size - (n - 1) * part )); test "$(( last + small ))" -le "$room" || part=$room
+    mkdir -p .gpuparts && split -b "$part" ".whl/$TVM_WHEEL" .gpuparts/tvm.part.
     i=0
     for f in .gpuparts/tvm.part.*; do i=$((i + 1)); mkdir -p ".gpu$i"; mv "$f" ".gpu$i/"; done
     rmdir .gpuparts
