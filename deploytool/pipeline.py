@@ -67,6 +67,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
         passes += [relax.transform.ToMixedPrecision(out_dtype="float16"), relax.transform.FoldConstant()]
     elif dtype != "float32":
         raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
+    if target.family == "cuda" and dtype == "float16":  # one cast of a tensor, not one per consumer
+        passes.append(relax.transform.EliminateCommonSubexpr())
     if target.family == "cuda" and dtype == "float16" and split_k:
         from deploytool import splitk
 
