@@ -99,14 +99,13 @@ def main(argv=None) -> int:
             log = log if log.exists() else None
             so = out / f"{name}-b{b}-{args.dtype}-profile.so"
             t0 = time.perf_counter()
-            deploytool.compile(path, target="cuda", output=so, dtype=args.dtype, tuning_log=log)
+            built = deploytool.compile(path, target="cuda", output=so, dtype=args.dtype, tuning_log=log)
             compile_s = time.perf_counter() - t0
             r = profile(so, feeds_for(path), args.calls)
             est = {}
-            if log is not None:
-                t = TuningLog.read(log)
-                best = t.best_by_workload()
-                est = {t.workloads[h].name: best[h].seconds * 1e3 for h in best if h in t.workloads}
+            if log is not None:  # by workload hash: the log may know a kernel under another graph's name
+                best = TuningLog.read(log).best_by_workload()
+                est = {t.name: best[t.workload_hash].seconds * 1e3 for t in built.tasks if t.workload_hash in best}
             for k in r["kernels"]:
                 base = re.sub(r"_kernel(_\d+)?$", "", k["kernel"])
                 k["log_best_ms"] = est.get(base)

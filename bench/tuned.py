@@ -19,6 +19,7 @@ p.add_argument("--repeats", type=int, default=20)
 p.add_argument("--clock-ghz", type=float, help="core clock for the %% of peak (default: /proc/cpuinfo's)")
 p.add_argument("--cache", default=str(Path.home() / ".cache" / "deploytool" / "corpus"))
 p.add_argument("--log-dir", default=str(Path.home() / ".cache" / "deploytool" / "tuning"))
+p.add_argument("--label", help="write bench/results/tuned-<target>-<label>.json instead (another budget: --label long)")
 args = p.parse_args()
 
 root = Path(__file__).resolve().parent
@@ -32,7 +33,7 @@ log_dir.mkdir(parents=True, exist_ok=True)
 names = args.models.split(",") if args.models else None
 res = benchmark.run_tuned(names, cache, build_dir, log_dir, target=args.target, trials_per_task=args.trials_per_task,
                           threads=args.threads, repeats=args.repeats, clock_ghz=args.clock_ghz)
-out = out_dir / f"tuned-{args.target}.json"
+out = out_dir / (f"tuned-{args.target}-{args.label}.json" if args.label else f"tuned-{args.target}.json")
 res = benchmark.merge_results(json.loads(out.read_text()) if out.is_file() else None, res)
 out.write_text(json.dumps(res, indent=2) + "\n")
 benchmark.write_doc(out_dir, root.parent / "docs" / "benchmarks.md")
