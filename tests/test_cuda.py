@@ -375,3 +375,6 @@ def test_split_k_kernels_are_gemms_for_dlight_and_the_tensor_core_space(tmp_path
     from deploytool.artifact import Artifact
 
     assert Artifact.open(out).metadata["split_k"] is True
+    r = cli("compile", str(path), "--target", "cuda", "--dtype", "float16", "--no-split-k", "-o", str(out))
+    assert r.code == 0, r
+    assert Artifact.open(out).metadata["split_k"] is False
