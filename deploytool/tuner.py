@@ -48,6 +48,9 @@ class TuneOptions:
     # of the same target): its top ``retime_top`` per kernel become this run's first trials
     retime_from: Any = None
     retime_top: int = 8
+    # measure at most this many candidates in each task's first round (the cost model's top picks),
+    # so that every task is probed before the heavy ones get full rounds (None: a full batch)
+    first_round: int | None = None
 
 
 @dataclass
@@ -361,6 +364,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     seen.add(h)
                     fresh.append(j)
             fresh = fresh[: max(0, budget_left - done_new)]
+            if st.rounds == 0 and opts.first_round:
+                fresh = fresh[: opts.first_round]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
             got = dict(zip(fresh, outs))
             wl = db(st).commit_workload(wmods[st.workload])

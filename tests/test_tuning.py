@@ -206,6 +206,24 @@ def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_pa
     assert r.code == 2 and "was made for target 'cuda'" in r.err and not other.exists()
 
 
+def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, tmp_path, cli):
+    """tune --first-round 1 with a total budget of one search trial per kernel: every kernel gets its
+    one probe (without it, the heaviest kernels take full rounds of 4 and some get none)."""
+    _, summary = tuned
+    n = len(summary["tasks"])
+    counts = {}
+    for flag in ([], ["--first-round", "1"]):
+        out = tmp_path / f"first{len(flag)}.jsonl"
+        r = cli("tune", tiny_model, "--target", "x86", "-o", out, *TINY, "--trials", str(n), "-q", *flag)
+        assert r.code == 0, r
+        counts[bool(flag)] = sorted(sum(1 for x in recs if x.source == "search")
+                                    for recs in _read(out).by_workload().values())
+    assert counts[True] == [1] * n, counts
+    assert counts[False] != [1] * n and sum(counts[False]) == n, counts
+    r = cli("tune", tiny_model, "--target", "x86", "-o", tmp_path / "bad.jsonl", "--first-round", "0", "-q")
+    assert r.code == 2 and "--first-round" in r.err
+
+
 def test_kill9_resumes(tmp_path, tiny_model):
     """kill -9 in the middle of a run loses at most the batch in flight and leaves no worker
     behind; rerunning the same command measures nothing twice and finishes the budget."""
