@@ -1,7 +1,7 @@
 """Does pretraining the cost model pay? Leave one model out, honestly.
 
     python bench/pretrain.py DATA.npz --logs-dir DIR [--online squeezenet,ds_cnn_1d]
-                             [--trials-per-task 8] [--seeds 0,1,2] [--kinds scratch,pretrained,metaschedule]
+                             [--trials-per-task 8] [--seeds 0,1,2] [--kinds scratch,pretrained,metaschedule,probe]
                              [--predict-models ...] [--keep PREVIOUS.json] [--out bench/results]
 
 1. Offline (TenSet-style), for every model M of the dataset: pretrain on the other models' records,
@@ -9,7 +9,8 @@
    untrained (random) ranking.
 2. Online, for the --online models: tune M from scratch (--cost-model none), from the model
    pretrained without M, and with MetaSchedule's own XGBModel from scratch (--cost-model
-   metaschedule), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
+   metaschedule), and from the pretrained model with `tune --first-round 4` (probe: each kernel's first
+   round measures only the model's top 4), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
    best kernel latencies x calls) against trials; trials to reach 95% of the reference, the best
    of M's full tuning log in DIR (M-<target>.jsonl, 64 trials per kernel); the latency at equal
    budgets.
@@ -52,7 +53,8 @@ def reference_s(log_path: Path, onnx_path: Path, target: str) -> float:
 
 
 KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
-         "metaschedule": "MetaSchedule XGBModel, from scratch"}
+         "metaschedule": "MetaSchedule XGBModel, from scratch",
+         "probe": "pretrained without it, first round of 4"}  # tune --first-round 4: every kernel probed first
 
 
 def trials_to(curve, target_s: float):
@@ -171,11 +173,13 @@ def main() -> int:
         row = {"model": m, "reference_ms": ref * 1e3, "runs": []}
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
-                cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule"}[kind]
+                cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule",
+                      "probe": str(loo[m])}[kind]
                 log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
-                                    early_stop=0, seed=seed, cost_model=cm)
+                                    early_stop=0, seed=seed, cost_model=cm,
+                                    first_round=4 if kind == "probe" else 10**6)  # 10**6: a full first round
                 curve = [(n, s * 1e3) for n, s in r.curve]
                 run = {"kind": KINDS[kind], "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
                        "untuned_ms": r.est_untuned_s * 1e3, "trials": r.trials_new,

@@ -316,6 +316,10 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "pretrain.md"
     if f.is_file():
         parts.append("## Pretrained cost model, leave one model out: `python bench/pretrain.py`\n\n" + f.read_text())
+    f = results_dir / "pretrain-first-round.md"
+    if f.is_file():
+        parts.append("### A first round of 4 per kernel: `python bench/pretrain.py --kinds pretrained,probe`\n\n"
+                     + f.read_text())
     doc.write_text("\n".join(parts))
 
 
