@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from deploytool import targets as _targets
+from deploytool import splitk
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
 from deploytool.errors import CheckError, InputError, ShapeError
 from deploytool.frontend import ModelInfo, import_model, import_onnx, load_onnx, model_info, parse_input_shapes
@@ -235,7 +236,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   onnx_sha256=imported.info.sha256,
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
-                                         "split_k": split_k and tgt.family == "cuda",
+                                         "split_k": splitk.applies(tgt, dtype, split_k),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
@@ -478,7 +479,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
-                        "split_k": split_k and tgt.family == "cuda"})
+                        "split_k": splitk.applies(tgt, dtype, split_k)})
 
 
 def _cost_model_file(choice: str, tgt):

@@ -289,11 +289,10 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         f = results_dir / name
         if f.is_file():
             parts.append(f"## {title}\n\n" + fmt(json.loads(f.read_text())))
-    for f in sorted(results_dir.glob("tuned-*-*.json")):
-        label = f.stem.rsplit("-", 1)[1]
-        if f.name != "tuned-x86-avx512.json" and label not in ("avx512", "avx2"):
-            parts.append(f"### Tuned, budget '{label}': `python bench/tuned.py --label {label}`\n\n"
-                         + markdown_tuned(json.loads(f.read_text())))
+    for f in sorted(results_dir.glob("tuned-x86-avx512-*.json")):  # bench/tuned.py --label LABEL
+        label = f.stem[len("tuned-x86-avx512-"):]
+        parts.append(f"### Tuned, budget '{label}': `python bench/tuned.py --label {label}`\n\n"
+                     + markdown_tuned(json.loads(f.read_text())))
     f = results_dir / "gpu.json"
     if f.is_file():
         parts.append("## NVIDIA GPU: `python bench/gpu.py` (on the GPU machine)\n\n" + markdown_gpu(json.loads(f.read_text())))

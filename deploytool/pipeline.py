@@ -54,7 +54,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
     import tvm
     from tvm import relax
 
-    from deploytool import schedules
+    from deploytool import schedules, splitk
 
     passes = [
         _accumulate_half_in_float32(),
@@ -71,9 +71,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
         raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
     if target.family == "cuda" and dtype == "float16":  # one cast of a tensor, not one per consumer
         passes.append(relax.transform.EliminateCommonSubexpr())
-    if target.family == "cuda" and dtype == "float16" and split_k:
-        from deploytool import splitk
-
+    if splitk.applies(target, dtype, split_k):
         passes.append(splitk.split_k_pass(splitk.sm_count(target)))
     mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
     layouts = schedules.desired_layouts(target)
@@ -125,16 +123,18 @@ def _accumulate_half_in_float32():
 
 
 def _relax_function_pass(mutator, name: str):
-    """A module pass that runs the PyExprMutator class ``mutator`` over every Relax function."""
+    """A module pass that runs the PyExprMutator class ``mutator`` over every Relax function. The
+    mutator works on the module, so PrimFuncs it adds (``builder_.call_te``) join it."""
     import tvm
     from tvm import relax
 
     @tvm.transform.module_pass(opt_level=0, name=name)
     def run(mod, ctx):
+        m = mutator(mod)
         for gv, func in list(mod.functions.items()):
             if isinstance(func, relax.Function):
-                mod[gv] = mutator().visit_expr(func)
-        return mod
+                m.builder_.update_func(gv, m.visit_expr(func))
+        return m.builder_.get()
 
     return run
 

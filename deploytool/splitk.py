@@ -117,11 +117,18 @@ def _static_shape(expr):
         return None
 
 
+def applies(target, dtype: str, split_k: bool = True) -> bool:
+    """Whether a build for ``target`` in ``dtype`` splits K (CUDA, float16, not turned off)."""
+    return bool(split_k) and target.family == "cuda" and dtype == "float16"
+
+
 def split_k_pass(sm_count: int):
     """The module pass: each float16 matmul (2-D right operand) and each NCHW/OIHW conv2d with one
     group whose shape calls for it (``choose_split``) becomes partial products + a sum."""
     import tvm
     from tvm import relax
+
+    from deploytool.pipeline import _relax_function_pass
 
     @relax.expr_functor.mutator
     class SplitK(relax.PyExprMutator):
@@ -140,11 +147,7 @@ def split_k_pass(sm_count: int):
                     return call
                 k, n = b_shape
                 split = choose_split(math.prod(a_shape[:-1]), n, k, sm_count)
-                if split == 1:
-                    return call
-                parts = self.builder_.emit(self.builder_.call_te(_matmul_partials, call.args[0], call.args[1], split,
-                                                                 primfunc_name_hint="matmul_splitk"))
-                total = self.builder_.call_te(_sum_chunks, parts, 0, out_dtype, primfunc_name_hint="sum_splitk")
+                partials, name, extra, axis = _matmul_partials, "matmul_splitk", (), 0
             else:
                 at = call.attrs
                 if (at.groups != 1 or at.data_layout != "NCHW" or at.kernel_layout != "OIHW"
@@ -154,23 +157,15 @@ def split_k_pass(sm_count: int):
                 split = choose_split(o_shape[0] * o_shape[2] * o_shape[3], co, ci * kh * kw, sm_count)
                 while split > 1 and ci % split:
                     split //= 2
-                if split == 1:
-                    return call
-                parts = self.builder_.emit(self.builder_.call_te(
-                    _conv2d_partials, call.args[0], call.args[1], split, [int(v) for v in at.strides],
-                    [int(v) for v in at.padding], [int(v) for v in at.dilation], primfunc_name_hint="conv2d_splitk"))
-                total = self.builder_.call_te(_sum_chunks, parts, 1, out_dtype, primfunc_name_hint="sum_splitk")
-            return total
+                partials, name, axis = _conv2d_partials, "conv2d_splitk", 1
+                extra = ([int(v) for v in at.strides], [int(v) for v in at.padding], [int(v) for v in at.dilation])
+            if split == 1:
+                return call
+            parts = self.builder_.emit(self.builder_.call_te(partials, call.args[0], call.args[1], split, *extra,
+                                                             primfunc_name_hint=name))
+            return self.builder_.call_te(_sum_chunks, parts, axis, out_dtype, primfunc_name_hint="sum_splitk")
 
-    @tvm.transform.module_pass(opt_level=0, name="SplitK")
-    def run(mod, ctx):
-        mutator = SplitK(mod)  # the partial-product kernels join the module through its builder
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                mutator.builder_.update_func(gv, mutator.visit_expr(func))
-        return mutator.builder_.get()
-
-    return run
+    return _relax_function_pass(SplitK, "SplitK")
 
 
 def sm_count(target) -> int:
