@@ -303,6 +303,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "gpu_profile.md"
     if f.is_file():
         parts.append("### Where the GPU time goes: `python bench/gpu_profile.py`\n\n" + f.read_text())
+    f = results_dir / "gpu-rules.md"
+    if f.is_file():
+        parts.append("### Default schedules, ours vs dlight alone: `python bench/gpu_rules.py`\n\n" + f.read_text())
     for f in sorted(results_dir.glob("simd-*.json")):
         res = json.loads(f.read_text())
         parts.append(f"## NEON, shown: `python bench/neon.py` (target `{res['target']}`)\n\n" + markdown_simd(res))
