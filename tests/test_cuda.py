@@ -335,8 +335,8 @@ def test_split_k_rewrite_computes_the_same_conv_and_matmul():
 
 @pytest.mark.models
 def test_split_k_kernels_are_gemms_for_dlight_and_the_tensor_core_space(tmp_path, cli):
-    """On a float16 CUDA build the split kernels are scheduled by dlight's Matmul rule (the default)
-    and get tensor-core sketches in the tuning space; the sum is fused with the epilogue, and
+    """On a float16 CUDA build the split kernels get a tensor-core default schedule (their 49-row
+    output is below dlight's own threshold: schedules.gpu.TensorCoreMatmul takes them) and tensor-core sketches in the tuning space; the sum is fused with the epilogue, and
     --no-split-k keeps one kernel per operator."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -362,7 +362,8 @@ def test_split_k_kernels_are_gemms_for_dlight_and_the_tensor_core_space(tmp_path
     names = [t.name for t in pipeline.tasks(mod)]
     part = next(n for n in names if n.startswith("conv2d_splitk"))
     assert any(n.startswith("fused_sum_splitk") and "relu" in n for n in names), names
-    assert gpu.schedule_sch(mod[part], tgt.tvm_target())[1] == "Matmul"
+    sch, rule = gpu.schedule_sch(mod[part], tgt.tvm_target())
+    assert rule == "TensorCoreMatmul" and "wmma.matrix_a" in str(sch.mod), rule
     ctx = ms.TuneContext(mod=space.workload_module(mod[part]), target=tgt.tvm_target(),
                          space_generator=space.space_generator(tgt, with_default=False), task_name=part)
     assert any("meta_schedule.auto_tensorize" in str(s.trace) for s in ctx.generate_design_space())
@@ -378,3 +379,47 @@ def test_split_k_kernels_are_gemms_for_dlight_and_the_tensor_core_space(tmp_path
     r = cli("compile", str(path), "--target", "cuda", "--dtype", "float16", "--no-split-k", "-o", str(out))
     assert r.code == 0, r
     assert Artifact.open(out).metadata["split_k"] is False
+
+
+@pytest.mark.models
+def test_small_gemm_dimensions_still_get_tensor_cores(tmp_path):
+    """dlight's Matmul keeps a GEMM with a dimension <= 64 on the CUDA cores (ResNet's 64-channel
+    first stage, attention with 64-wide heads); in float16 our default rule tensorizes it when the
+    padding to the 128x128x64 tiles is cheap, and leaves float32 and wasteful shapes to dlight."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import numpy as np
+
+    from deploytool import frontend, pipeline, targets
+    from deploytool.schedules import gpu
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((64, 64, 3, 3)) * 0.05).astype("float32"), "w")
+    wfc = numpy_helper.from_array((rng.standard_normal((64 * 28 * 28, 10)) * 0.01).astype("float32"), "wfc")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+         helper.make_node("Flatten", ["r"], ["f"]), helper.make_node("MatMul", ["f", "wfc"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64, 28, 28])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 10])], [w, wfc])
+    path = tmp_path / "conv64.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+    tgt = targets.load("cuda")
+    for dtype, want in (("float16", "TensorCoreMatmul"), ("float32", "Matmul")):
+        mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(path).mod, tgt, dtype, split_k=False), tgt)
+        conv = next(t.name for t in pipeline.tasks(mod) if "conv2d" in t.name)
+        assert gpu.gemm_extents(mod[conv]) == (1, 4 * 28 * 28, 64, 64 * 9)
+        sch, rule = gpu.schedule_sch(mod[conv], tgt.tvm_target())
+        assert rule == want, (dtype, rule)
+        assert ("wmma.matrix_a" in str(sch.mod)) == (dtype == "float16")
+        # 4 x 10 outputs padded to a 128 x 128 tile: 400x the work, not worth it
+        fc = next(t.name for t in pipeline.tasks(mod) if "matmul" in t.name)
+        assert gpu.pad_waste(gpu.gemm_extents(mod[fc])) > gpu.MAX_PAD_WASTE
+        assert gpu.schedule_sch(mod[fc], tgt.tvm_target())[1] != "TensorCoreMatmul"
+    import deploytool
+    from deploytool import cuda
+
+    out = tmp_path / "conv64.so"  # and it compiles to machine code
+    res = deploytool.compile(path, target="cuda", output=out, dtype="float16", split_k=False)
+    assert "TensorCoreMatmul" in res.schedules.values() and cuda.cubin_archs(out) == ["sm_90"]
