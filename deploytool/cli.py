@@ -448,7 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="float16: mixed precision inside (convs/matmuls and activations in float16, tensor "
                         "cores on GPUs), float32 inputs and outputs (default: float32)")
         sp.add_argument("--no-split-k", dest="split_k", action="store_false",
-                        help="GPUs, float16: keep one kernel per matmul/convolution whose output is too small to "
+                        help="GPUs: keep one kernel per matmul/convolution whose output is too small to "
                         "fill the GPU (by default its reduction is split over more thread blocks and summed after)")
 
     def device_args(sp, what):
@@ -505,7 +505,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--retime-top", type=int, default=8, metavar="K", help="candidates per kernel to re-measure (default: 8)")
     s.add_argument("--first-round", type=int, metavar="N", help="measure only the cost model's top N candidates in each "
                    "kernel's first round, so that every kernel is probed before the heavy ones get full rounds "
-                   "(default: 4 with a pretrained cost model, else a full batch)")
+                   "(default: 4 with a pretrained cost model on CPUs, else a full batch: on GPUs a search round costs far "
+                   "more than measuring it)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE|metaschedule",
                    help="where the cost model starts: the target family's pretrained model, fine-tuned with "

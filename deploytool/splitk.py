@@ -118,12 +118,12 @@ def _static_shape(expr):
 
 
 def applies(target, dtype: str, split_k: bool = True) -> bool:
-    """Whether a build for ``target`` in ``dtype`` splits K (CUDA, float16, not turned off)."""
-    return bool(split_k) and target.family == "cuda" and dtype == "float16"
+    """Whether a build for ``target`` in ``dtype`` splits K (CUDA, float16 or float32, not turned off)."""
+    return bool(split_k) and target.family == "cuda" and dtype in ("float16", "float32")
 
 
 def split_k_pass(sm_count: int):
-    """The module pass: each float16 matmul (2-D right operand) and each NCHW/OIHW conv2d with one
+    """The module pass: each float16 or float32 matmul (2-D right operand) and each NCHW/OIHW conv2d with one
     group whose shape calls for it (``choose_split``) becomes partial products + a sum."""
     import tvm
     from tvm import relax
@@ -137,7 +137,8 @@ def split_k_pass(sm_count: int):
             if not isinstance(call.op, tvm.ir.Op) or call.op.name not in ("relax.matmul", "relax.nn.conv2d"):
                 return call
             out_dtype = getattr(call.ty, "dtype", None)
-            if out_dtype not in ("float16", "float32") or any(a.ty.dtype != "float16" for a in call.args):
+            in_dtypes = {str(a.ty.dtype) for a in call.args}
+            if out_dtype not in ("float16", "float32") or len(in_dtypes) != 1 or in_dtypes - {"float16", "float32"}:
                 return call
             a_shape, b_shape, o_shape = (_static_shape(e) for e in (call.args[0], call.args[1], call))
             if a_shape is None or b_shape is None or o_shape is None:
