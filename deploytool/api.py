@@ -424,7 +424,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     top picks), so every kernel is probed before the heavy ones get full rounds; None: 4 when the
     search starts from a pretrained model (SqueezeNet, held out of it, 3 seeds: 95% of the reference
     after a median of 89 trials instead of 232, 151 vs 232 on the seed timed alike; the same final
-    latency; bench/results/pretrain-first-round.md), a full batch otherwise."""
+    latency; bench/results/pretrain-first-round.md) on CPUs, a full batch otherwise (on GPUs the
+    search round, seconds on the host, costs far more than measuring its candidates)."""
     from deploytool import pipeline
     from deploytool.measure import MeasureSettings
     from deploytool.tuner import TuneOptions
@@ -460,7 +461,10 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
     ranker = "metaschedule" if cost_model == "metaschedule" else "deploytool"
     cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
-    if first_round is None and cm_file is not None:
+    if first_round is None and cm_file is not None and tgt.family != "cuda":
+        # not on GPUs: there a search round (seconds of evolutionary search on the host) costs far more
+        # than measuring its candidates (microseconds each, built in parallel), so a round of 4
+        # instead of 32 made ResNet-50 b32 float16 tune at ~10 s a trial on the H200 machine
         first_round = FIRST_ROUND_PRETRAINED
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     from deploytool.tuninglog import require_appendable
