@@ -151,6 +151,20 @@ def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir
             "output": next(iter(outs.values()))}
 
 
+def gpu_and_folders(args):
+    """(this machine's GPU, --cache, --out), the folders made; None (said on stderr) without a GPU."""
+    from deploytool import cuda
+
+    gpu = cuda.local_gpu()
+    if gpu is None:
+        print("no NVIDIA GPU here: run this on the GPU machine", file=sys.stderr)
+        return None
+    cache, out = Path(args.cache), Path(args.out)
+    cache.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    return gpu, cache, out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="resnet50,bert_encoder")
@@ -175,17 +189,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from deploytool import cuda
     from deploytool.benchmark import markdown_gpu
     from deploytool.reference import ort_run, ort_session
 
-    gpu = cuda.local_gpu()
-    if gpu is None:
-        print("no NVIDIA GPU here: run this on the GPU machine", file=sys.stderr)
+    found = gpu_and_folders(args)
+    if found is None:
         return 2
-    cache, out = Path(args.cache), Path(args.out)
-    cache.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    gpu, cache, out = found
     modes = [m for m in args.compile_modes.split(",") if m]
     rows = []
     for name in args.models.split(","):

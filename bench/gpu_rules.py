@@ -51,20 +51,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
 
-    from gpu import feeds_for, model_file
+    from gpu import feeds_for, gpu_and_folders, model_file
 
-    from deploytool import cuda
     from deploytool.artifact import Artifact
     from deploytool.reference import compare, ort_run, ort_session
     from deploytool.runner import LocalRunner
 
-    gpu = cuda.local_gpu()
-    if gpu is None:
-        print("no NVIDIA GPU here: run this on the GPU machine", file=sys.stderr)
+    found = gpu_and_folders(args)
+    if found is None:
         return 2
-    cache, out = Path(args.cache), Path(args.out)
-    cache.mkdir(parents=True, exist_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    gpu, cache, out = found
     cases = [(m, int(b)) for m, b in (c.split(":") for c in args.cases.split(","))]
     paths = {c: model_file(c[0], c[1], cache) for c in cases}
     variants = {"ours": False, "dlight": True}
