@@ -52,10 +52,11 @@ def reference_s(log_path: Path, onnx_path: Path, target: str) -> float:
     return sum(best[k.workload_hash].seconds * max(k.calls, 1) for k in tasks)
 
 
-def reference_run(log_path: Path, onnx_path: Path, target: str) -> tuple[int | None, int]:
+def reference_run(log_path: Path, onnx_path: Path, target: str) -> tuple[int | None, int, list]:
     """(search trials after which the reference log's own run reached 95% of its final estimate,
-    its search trials in all), replaying its records in file order: meaningful when the log is one
-    from-scratch run (the "2,000-trial run from scratch" the other runs are counted against)."""
+    its search trials in all, its curve [(trials, estimate ms)] where the estimate changed),
+    replaying its records in file order: meaningful when the log is one unpruned from-scratch run
+    (the "2,000-trial run from scratch" the other runs are counted against)."""
     from deploytool import frontend, pipeline, targets
     from deploytool.tuninglog import TuningLog
 
@@ -73,10 +74,18 @@ def reference_run(log_path: Path, onnx_path: Path, target: str) -> tuple[int | N
         if r.ok and r.seconds < best.get(r.workload, float("inf")):
             best[r.workload] = r.seconds
         if r.source != "default" and len(best) == len(calls):
-            curve.append((n, sum(best[w] * c for w, c in calls.items())))
+            est = sum(best[w] * c for w, c in calls.items()) * 1e3
+            if not curve or est < curve[-1][1]:
+                curve.append((n, est))
     if not curve:
-        return None, n
-    return trials_to(curve, curve[-1][1] / 0.95), n
+        return None, n, []
+    return trials_to(curve, curve[-1][1] / 0.95), n, curve
+
+
+def at_trials(curve, n: float):
+    """The curve's value after ``n`` trials (None before its first point)."""
+    vals = [v for k, v in curve if k <= n]
+    return vals[-1] if vals else None
 
 
 KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
@@ -114,8 +123,8 @@ def markdown(res: dict, trials_per_task: int) -> str:
         lines += ["", "Per model and cost model, over the seeds (estimated end to end after the budget, ms; "
                   "trials to 95% of the reference: median over the seeds that reached it):", "",
                   "| model | cost model | seeds | after the budget, mean (min-max) | vs from scratch | "
-                  "reached 95% of ref | trials to 95%, median | fewer than the reference run |",
-                  "|---|---|---:|---|---:|---:|---:|---:|"]
+                  "reached 95% of ref | trials to 95%, median | fewer than the reference run | "
+                  "reference run at as many trials |", "|---|---|---:|---|---:|---:|---:|---:|---:|"]
         for row in res["online"]:
             by: dict = {}
             for run in row["runs"]:
@@ -128,10 +137,12 @@ def markdown(res: dict, trials_per_task: int) -> str:
                                  if r["trials_to_95pct_of_reference"] is not None)
                 vs = f"{np.mean(f) / base_ms:.3f}x" if base_ms else "-"
                 ref_n95 = row.get("reference_trials_to_95pct")
-                fewer = f"{ref_n95 / np.median(reached):.1f}x" if reached and ref_n95 else "-"
+                fewer = f"{ref_n95 / np.median(reached):.2f}x" if reached and ref_n95 else "-"
+                same = at_trials(row.get("reference_curve_ms") or [], np.mean([r["trials"] for r in runs]))
                 lines.append(f"| {row['model']} | {kind} | {len(runs)} | {np.mean(f):.3f} ({min(f):.3f}-{max(f):.3f}) "
                              f"| {vs} | {len(reached)} of {len(runs)} | "
-                             f"{int(np.median(reached)) if reached else '-'} | {fewer} |")
+                             f"{int(np.median(reached)) if reached else '-'} | {fewer} | "
+                             f"{f'{same:.3f}' if same is not None else '-'} |")
         refs = [f"{row['model']} {row['reference_trials_to_95pct']} of {row['reference_trials']}"
                 for row in res["online"] if row.get("reference_trials_to_95pct")]
         if refs:
@@ -207,9 +218,9 @@ def main() -> int:
         onnx_path = benchmark.materialize(entries[m], cache)
         ref_log = Path(args.logs_dir) / f"{m}-{args.target}.jsonl"
         ref = reference_s(ref_log, onnx_path, args.target)
-        ref_n95, ref_n = reference_run(ref_log, onnx_path, args.target)
+        ref_n95, ref_n, ref_curve = reference_run(ref_log, onnx_path, args.target)
         row = {"model": m, "reference_ms": ref * 1e3, "reference_trials": ref_n,
-               "reference_trials_to_95pct": ref_n95, "runs": []}
+               "reference_trials_to_95pct": ref_n95, "reference_curve_ms": ref_curve, "runs": []}
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
                 cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule",
