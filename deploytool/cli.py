@@ -633,6 +633,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _during_interrupt(e: BaseException) -> bool:
+    """Whether ``e`` was raised while a KeyboardInterrupt was being handled (its context chain)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__context__
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -650,6 +661,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as e:  # a bug: say so in one line, with the traceback under --verbose
+        if _during_interrupt(e):  # a clean-up (worker pools, locks) that failed after Ctrl-C
+            print("deploytool: interrupted", file=sys.stderr)
+            return 130
         if args.verbose:
             traceback.print_exc()
         first = str(e).strip().splitlines()

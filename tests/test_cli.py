@@ -220,3 +220,18 @@ def test_verbose_shows_traceback(cli, tmp_path):
 ])
 def test_error_bad_numeric_options(cli, built, cmd, flags, needle):
     assert_one_line_error(cli(cmd, built, *flags), needle, "pass ")
+
+
+def test_a_cleanup_error_after_ctrl_c_reads_as_interrupted():
+    """A tuning run stopped with Ctrl-C: its worker pools' clean-up can raise (e.g. 'release unlocked
+    lock') while the KeyboardInterrupt is handled; that is an interruption, not an internal error."""
+    from deploytool import cli
+
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")
+    except RuntimeError as e:
+        assert cli._during_interrupt(e)
+    assert not cli._during_interrupt(RuntimeError("a real bug"))
