@@ -187,8 +187,6 @@ def main(argv=None) -> int:
                     "from an earlier run of the same script)")
     args = ap.parse_args(argv)
 
-    import torch
-
     from deploytool.benchmark import markdown_gpu
     from deploytool.reference import ort_run, ort_session
 
@@ -196,6 +194,7 @@ def main(argv=None) -> int:
     if found is None:
         return 2
     gpu, cache, out = found
+    import torch
     modes = [m for m in args.compile_modes.split(",") if m]
     rows = []
     for name in args.models.split(","):
