@@ -35,6 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def full_log(logs_dir, model: str, target: str) -> Path:
+    """``<logs_dir>/<model>-<target>.jsonl``, or its gzipped form (as logs ship in tuning_logs/)."""
+    plain = Path(logs_dir) / f"{model}-{target}.jsonl"
+    gz = plain.with_suffix(".jsonl.gz")
+    return gz if not plain.exists() and gz.exists() else plain
+
+
 def reference_s(log_path: Path, onnx_path: Path, target: str) -> float:
     """The reference log's estimate for the model's kernels as the pipeline makes them today (a
     log that also holds kernels of an older graph, e.g. before a fusion change, counts only these)."""
@@ -251,7 +258,7 @@ def main() -> int:
     cache = Path.home() / ".cache" / "deploytool" / "corpus"
     for m in [x for x in args.online.split(",") if x]:
         onnx_path = benchmark.materialize(entries[m], cache)
-        ref_log = Path(args.logs_dir) / f"{m}-{args.target}.jsonl"
+        ref_log = full_log(args.logs_dir, m, args.target)
         ref = reference_s(ref_log, onnx_path, args.target)
         ref_n95, ref_n, ref_curve = reference_run(ref_log, onnx_path, args.target)
         row = {"model": m, "reference_ms": ref * 1e3, "reference_trials": ref_n,
@@ -280,7 +287,7 @@ def main() -> int:
         onnx_path = benchmark.materialize(entries[m], cache)
         times = {}
         for kind, kw in (("default", {}), ("predicted", {"predict": str(loo[m])}),
-                         ("tuned (full log)", {"tuning_log": Path(args.logs_dir) / f"{m}-{args.target}.jsonl"})):
+                         ("tuned (full log)", {"tuning_log": full_log(args.logs_dir, m, args.target)})):
             so = tmp / f"{m}-{kind.split()[0]}.so"
             c = deploytool.compile(onnx_path, target=args.target, output=so, **kw)
             b = deploytool.bench(so, repeats=30)
