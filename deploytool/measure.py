@@ -46,6 +46,11 @@ class MeasureSettings:
 # --------------------------------------------------------------------------- workers
 def _init_worker(threads: int, parent: int, cuda: bool = False) -> None:
     die_with_parent(parent)
+    # Ctrl-C reaches the terminal's whole process group: the tuner handles it (its close() kills
+    # these workers); a worker taking it too would only print a KeyboardInterrupt traceback
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
     # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
     os.environ["TVM_NUM_THREADS"] = str(threads or 1)

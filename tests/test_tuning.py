@@ -224,6 +224,42 @@ def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, t
     assert r.code == 2 and "--first-round" in r.err
 
 
+def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
+    """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: the tuner stops
+    at the next round boundary (a KeyboardInterrupt raised inside MetaSchedule's C++ search killed
+    the process with std::terminate), exit 130, no traceback from it or its workers, no worker
+    left, the log readable."""
+    import psutil
+
+    log = tmp_path / "c.jsonl"
+    cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
+           "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2"]
+    # as from a terminal: a job started in the background of a script inherits SIGINT ignored (and
+    # Python then installs no KeyboardInterrupt handler), which pytest may be
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if log.exists() and log.read_text().count('"source":"search"') >= 2:
+            break
+        if p.poll() is not None:
+            pytest.fail(f"tuning ended before it could be interrupted: {p.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    workers = psutil.Process(p.pid).children(recursive=True)
+    assert workers, "the build and timing workers should be running"
+    os.killpg(p.pid, signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    err = err.decode()
+    assert p.returncode == 130, err[-2000:]
+    assert "deploytool: interrupted" in err and "Traceback" not in err, err[-2000:]
+    deadline = time.time() + 20
+    while time.time() < deadline and any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE
+                                         for w in workers if psutil.pid_exists(w.pid)):
+        time.sleep(0.2)
+    assert not [w for w in workers if psutil.pid_exists(w.pid) and w.status() != psutil.STATUS_ZOMBIE]
+    assert sum(1 for r in _read(log).records if r.source == "search") >= 2
+
+
 def test_kill9_resumes(tmp_path, tiny_model):
     """kill -9 in the middle of a run loses at most the batch in flight and leaves no worker
     behind; rerunning the same command measures nothing twice and finishes the budget."""
