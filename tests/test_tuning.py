@@ -224,6 +224,22 @@ def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, t
     assert r.code == 2 and "--first-round" in r.err
 
 
+def _running_with_search_records(p, log, n: int) -> list:
+    """Wait until the tuning process ``p`` has logged ``n`` search records; its worker processes."""
+    import psutil
+
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if log.exists() and log.read_text().count('"source":"search"') >= n:
+            break
+        if p.poll() is not None:
+            pytest.fail(f"tuning ended before it could be stopped: {p.stderr.read().decode()[-2000:]}")
+        time.sleep(0.2)
+    workers = psutil.Process(p.pid).children(recursive=True)
+    assert workers, "the build and timing workers should be running"
+    return workers
+
+
 def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: the tuner stops
     at the next round boundary (a KeyboardInterrupt raised inside MetaSchedule's C++ search killed
@@ -238,15 +254,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
     # Python then installs no KeyboardInterrupt handler), which pytest may be
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if log.exists() and log.read_text().count('"source":"search"') >= 2:
-            break
-        if p.poll() is not None:
-            pytest.fail(f"tuning ended before it could be interrupted: {p.stderr.read().decode()[-2000:]}")
-        time.sleep(0.2)
-    workers = psutil.Process(p.pid).children(recursive=True)
-    assert workers, "the build and timing workers should be running"
+    workers = _running_with_search_records(p, log, 2)
     os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=60)
     err = err.decode()
@@ -268,18 +276,9 @@ def test_kill9_resumes(tmp_path, tiny_model):
            "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
            "--json"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        n = log.read_text().count('"source":"search"') if log.exists() else 0
-        if n >= 4:
-            break
-        if p.poll() is not None:
-            pytest.fail(f"tuning ended before it could be killed: {p.stderr.read().decode()[-2000:]}")
-        time.sleep(0.2)
     import psutil
 
-    workers = psutil.Process(p.pid).children(recursive=True)
-    assert workers, "the build and timing workers should be running"
+    workers = _running_with_search_records(p, log, 4)
     os.kill(p.pid, signal.SIGKILL)  # the tuner alone: its workers must not outlive it
     p.wait()
     def alive():
