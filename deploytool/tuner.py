@@ -30,43 +30,47 @@ from deploytool.tuninglog import LogWriter, Record, TuningLog, TuningLogError, W
 log = logging.getLogger(__name__)
 
 
-@contextlib.contextmanager
-def _interrupt_between_rounds():
+class _InterruptBetweenRounds:
     """Ctrl-C while MetaSchedule's C++ search runs a Python callback (the cost model, the default
     schedule) raises through C++ frames that cannot pass it on: std::terminate, the process dies
-    with a signal. So the first Ctrl-C is deferred to the next round boundary (the yielded check
-    raises KeyboardInterrupt there); a second one exits at once (the log is flushed record by
-    record, workers die with the process). Outside the main thread, or with SIGINT ignored
-    (a background job of a script), nothing changes."""
-    import os
-    import signal
-    import sys
-    import threading
+    with a signal. So while this is installed the first Ctrl-C is deferred to the next round
+    boundary (``check`` raises KeyboardInterrupt there); a second one exits at once (the log is
+    flushed record by record, workers die with the process). Outside the main thread, or with
+    SIGINT ignored (a background job of a script), nothing changes. ``restore`` puts the previous
+    handler back."""
 
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-            signal.SIG_IGN, None):
-        yield lambda: None
-        return
-    hit = []
+    def __init__(self):
+        import signal
+        import threading
 
-    def handler(signum, frame):
-        if hit:
+        self.hit = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+                signal.SIG_IGN, None):
+            self.old = signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum, frame):
+        import os
+        import sys
+
+        if self.hit:
             sys.stderr.write("deploytool: interrupted\n")
             sys.stderr.flush()
             os._exit(130)
-        hit.append(True)
+        self.hit = True
         sys.stderr.write("deploytool: stopping after the round in flight (Ctrl-C again: at once)\n")
         sys.stderr.flush()
 
-    def check():
-        if hit:
+    def check(self) -> None:
+        if self.hit:
             raise KeyboardInterrupt
 
-    old = signal.signal(signal.SIGINT, handler)
-    try:
-        yield check
-    finally:
-        signal.signal(signal.SIGINT, old)
+    def restore(self) -> None:
+        import signal
+
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+            self.old = None
 
 
 @dataclass
@@ -253,8 +257,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         measured[cand_hash] = r
         return r
 
-    interrupt = _interrupt_between_rounds()
-    check_interrupt = interrupt.__enter__()
+    interrupt = _InterruptBetweenRounds()
     try:
         # ---- 1. the default schedule of every task is the first record to beat
         seed_states = [st for st in states if st.default_s == math.inf]
@@ -380,7 +383,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         done_new = 0
         loop_t0 = time.perf_counter()
         while done_new < budget_left:
-            check_interrupt()
+            interrupt.check()
             active = [st for st in states if not st.done]
             if not active:
                 break
@@ -466,7 +469,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         seconds["cost_model"] = cost_model.seconds
         return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed)
     finally:
-        interrupt.__exit__(None, None, None)
+        interrupt.restore()
         writer.close()
         measurer.close()
 
