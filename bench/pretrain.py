@@ -42,34 +42,30 @@ def full_log(logs_dir, model: str, target: str) -> Path:
     return gz if not plain.exists() and gz.exists() else plain
 
 
-def reference_s(log_path: Path, onnx_path: Path, target: str) -> float:
-    """The reference log's estimate for the model's kernels as the pipeline makes them today (a
-    log that also holds kernels of an older graph, e.g. before a fusion change, counts only these)."""
+def model_tasks(onnx_path: Path, target: str) -> list:
+    """The model's kernels as the pipeline makes them today."""
     from deploytool import frontend, pipeline, targets
-    from deploytool.tuninglog import TuningLog
 
-    t = TuningLog.read(log_path)
-    best = t.best_by_workload()
     tgt = targets.load(target)
-    tasks = pipeline.tasks(pipeline.partition(pipeline.optimize(frontend.import_onnx(onnx_path).mod, tgt), tgt))
+    return pipeline.tasks(pipeline.partition(pipeline.optimize(frontend.import_onnx(onnx_path).mod, tgt), tgt))
+
+
+def reference_s(t, tasks: list, what: str) -> float:
+    """The reference log ``t``'s estimate for ``tasks`` (a log that also holds kernels of an older
+    graph, e.g. before a fusion change, counts only these); ``what`` names the model in errors."""
+    best = t.best_by_workload()
     missing = [k.name for k in tasks if k.workload_hash not in best]
     if missing:
-        raise SystemExit(f"{log_path} has no record for {len(missing)} kernels of {onnx_path.name} "
+        raise SystemExit(f"{t.path} has no record for {len(missing)} kernels of {what} "
                          f"({', '.join(missing[:3])}...): tune it first (bench/tuned.py --models ...)")
     return sum(best[k.workload_hash].seconds * max(k.calls, 1) for k in tasks)
 
 
-def reference_run(log_path: Path, onnx_path: Path, target: str) -> tuple[int | None, int, list]:
-    """(search trials after which the reference log's own run reached 95% of its final estimate,
-    its search trials in all, its curve [(trials, estimate ms)] where the estimate changed),
-    replaying its records in file order: meaningful when the log is one unpruned from-scratch run
-    (the "2,000-trial run from scratch" the other runs are counted against)."""
-    from deploytool import frontend, pipeline, targets
-    from deploytool.tuninglog import TuningLog
-
-    t = TuningLog.read(log_path)
-    tgt = targets.load(target)
-    tasks = pipeline.tasks(pipeline.partition(pipeline.optimize(frontend.import_onnx(onnx_path).mod, tgt), tgt))
+def reference_run(t, tasks: list) -> tuple[int | None, int, list]:
+    """(search trials after which the reference log ``t``'s own run reached 95% of its final
+    estimate, its search trials in all, its curve [(trials, estimate ms)] where the estimate
+    changed), replaying its records in file order: meaningful when the log is one unpruned
+    from-scratch run (the "2,000-trial run from scratch" the other runs are counted against)."""
     calls = {k.workload_hash: max(k.calls, 1) for k in tasks}
     best: dict[str, float] = {}
     curve, n = [], 0
@@ -226,6 +222,7 @@ def main() -> int:
     import deploytool
     from deploytool import benchmark
     from deploytool.cost_model import pretrain as P
+    from deploytool.tuninglog import TuningLog
 
     data = P.load_dataset(args.data)
     models = sorted(set(data["model"].tolist()))
@@ -258,9 +255,10 @@ def main() -> int:
     cache = Path.home() / ".cache" / "deploytool" / "corpus"
     for m in [x for x in args.online.split(",") if x]:
         onnx_path = benchmark.materialize(entries[m], cache)
-        ref_log = full_log(args.logs_dir, m, args.target)
-        ref = reference_s(ref_log, onnx_path, args.target)
-        ref_n95, ref_n, ref_curve = reference_run(ref_log, onnx_path, args.target)
+        ref_log = TuningLog.read(full_log(args.logs_dir, m, args.target))
+        tasks = model_tasks(onnx_path, args.target)
+        ref = reference_s(ref_log, tasks, onnx_path.name)
+        ref_n95, ref_n, ref_curve = reference_run(ref_log, tasks)
         row = {"model": m, "reference_ms": ref * 1e3, "reference_trials": ref_n,
                "reference_trials_to_95pct": ref_n95, "reference_curve_ms": ref_curve, "runs": []}
         for seed in [int(s) for s in args.seeds.split(",")]:
