@@ -240,12 +240,31 @@ def _running_with_search_records(p, log, n: int) -> list:
     return workers
 
 
+def _left_alive(workers, wait_s: float = 20) -> list:
+    """The ``workers`` still running (not zombies) after waiting up to ``wait_s`` for them to go."""
+    import psutil
+
+    def alive():
+        out = []
+        for w in workers:
+            try:
+                if w.is_running() and w.status() != psutil.STATUS_ZOMBIE:
+                    out.append(w)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    deadline = time.time() + wait_s
+    while alive() and time.time() < deadline:
+        time.sleep(0.2)
+    return alive()
+
+
 def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
     """Ctrl-C (SIGINT to the whole process group, as a terminal sends it) mid-run: the tuner stops
     at the next round boundary (a KeyboardInterrupt raised inside MetaSchedule's C++ search killed
     the process with std::terminate), exit 130, no traceback from it or its workers, no worker
     left, the log readable."""
-    import psutil
 
     log = tmp_path / "c.jsonl"
     cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
@@ -260,11 +279,7 @@ def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
     err = err.decode()
     assert p.returncode == 130, err[-2000:]
     assert "deploytool: interrupted" in err and "Traceback" not in err, err[-2000:]
-    deadline = time.time() + 20
-    while time.time() < deadline and any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE
-                                         for w in workers if psutil.pid_exists(w.pid)):
-        time.sleep(0.2)
-    assert not [w for w in workers if psutil.pid_exists(w.pid) and w.status() != psutil.STATUS_ZOMBIE]
+    assert not _left_alive(workers), f"workers outlived the interrupted tuner: {_left_alive(workers)}"
     assert sum(1 for r in _read(log).records if r.source == "search") >= 2
 
 
@@ -276,25 +291,10 @@ def test_kill9_resumes(tmp_path, tiny_model):
            "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
            "--json"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    import psutil
-
     workers = _running_with_search_records(p, log, 4)
     os.kill(p.pid, signal.SIGKILL)  # the tuner alone: its workers must not outlive it
     p.wait()
-    def alive():
-        out = []
-        for w in workers:
-            try:
-                if w.is_running() and w.status() != psutil.STATUS_ZOMBIE:
-                    out.append(w)
-            except psutil.NoSuchProcess:
-                pass
-        return out
-
-    deadline = time.time() + 20
-    while alive() and time.time() < deadline:
-        time.sleep(0.2)
-    assert not alive(), f"workers outlived the killed tuner: {alive()}"
+    assert not _left_alive(workers), f"workers outlived the killed tuner: {_left_alive(workers)}"
     before = _read(log)
     n_before = sum(1 for r in before.records if r.source == "search")
     assert n_before >= 4
