@@ -48,9 +48,9 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
     ``dtype="float16"``: mixed precision (TVM's ToMixedPrecision) after BatchNorm folding:
     convolutions and matmuls take float16 operands, activations between them are float16 (half the
     memory traffic; tensor cores on GPUs), the weights are converted once here, and the model's
-    inputs and outputs keep their float32 interface. On CUDA, float16 matmuls and convolutions whose
-    output is too small to fill the GPU are split along K (deploytool.splitk) unless ``split_k`` is
-    False."""
+    inputs and outputs keep their float32 interface. On CUDA, float16 and float32 matmuls and
+    convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
+    unless ``split_k`` is False."""
     import tvm
     from tvm import relax
 
