@@ -34,8 +34,9 @@ def context(mod, target):
         return ms.TuneContext(mod=mod, target=target.tvm_target(), task_name="dataset", num_threads=1)
 
 
-def groups_from_log(tlog, target, min_records: int = 8) -> list[Group]:
-    """One Group per workload of ``tlog`` with at least ``min_records`` replayable records."""
+def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) -> list[Group]:
+    """One Group per workload of ``tlog`` with at least ``min_records`` replayable records
+    (``featurize=False``: without our features, for a model that makes its own)."""
     import tvm
 
     from deploytool.cost_model import features as F
@@ -58,7 +59,8 @@ def groups_from_log(tlog, target, min_records: int = 8) -> list[Group]:
         if len(schs) < min_records:
             continue
         g = Group(h, w.name, mod, schs, np.array(lats), np.zeros((0, F.LENGTH), np.float32))
-        g.feats = F.from_candidates(context(mod, target), g.candidates(), fe)
+        if featurize:
+            g.feats = F.from_candidates(context(mod, target), g.candidates(), fe)
         out.append(g)
     return out
 

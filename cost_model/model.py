@@ -203,15 +203,27 @@ def make_tuner_cost_model(model: XGBCostModel, warmup: int = 16):
     return TunerCostModel()
 
 
-def make_metaschedule_cost_model(nthread: int | None = None, seed: int = 0):
+def metaschedule_xgb(nthread: int | None = None, seed: int = 0):
+    """MetaSchedule's own XGBModel as the baseline uses it (adaptive training, quiet)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.cost_model.XGBModel(config=ms.cost_model.xgb_model.XGBConfig(seed=seed, nthread=nthread),
+                                  verbose_eval=0, adaptive_training=True)
+
+
+def make_metaschedule_cost_model(nthread: int | None = None, seed: int = 0, pretrained=None):
     """MetaSchedule's own XGBModel (its per-store features, rank objective and adaptive training),
     timed like ours: the baseline our cost model is measured against (``--cost-model
-    metaschedule``). It learns from this run's measurements only."""
+    metaschedule``). From scratch it learns from this run's measurements only; ``pretrained`` (a
+    file from ``pretrain train-metaschedule``) loads a model and the records it was trained on, as
+    MetaSchedule's own ``XGBModel.load`` does: each retraining then uses both (``--cost-model
+    metaschedule:FILE``)."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
-    inner = ms.cost_model.XGBModel(config=ms.cost_model.xgb_model.XGBConfig(seed=seed, nthread=nthread),
-                                   verbose_eval=0, adaptive_training=True)
+    inner = metaschedule_xgb(nthread, seed)
+    if pretrained is not None:
+        inner.load(str(pretrained))
 
     @derived_object
     class TimedXGBModel(ms.cost_model.PyCostModel):

@@ -9,6 +9,8 @@ within each workload, so what transfers is the ranking inside a kernel, not abso
     python -m deploytool.cost_model.pretrain train DATA.npz ... -o cost_model/pretrained/FAMILY.ubj
                                                      [--exclude MODEL]            # leave one model out
     python -m deploytool.cost_model.pretrain eval MODEL.json DATA.npz --only MODEL # held-out ranking
+    python -m deploytool.cost_model.pretrain train-metaschedule LOG.jsonl ... -o MS.tar [--exclude MODEL]
+                                                     # the baseline: MetaSchedule's XGBModel, same records
 
 A dataset holds one target family (``family_of``); ``dataset`` refuses to mix families, and adding
 a log that is already in it (same sha256) replaces its rows. ``tune`` loads
@@ -153,6 +155,44 @@ def fit(data: dict, exclude=(), seed: int = 0, nthread: int | None = None):
     return m
 
 
+def fit_metaschedule(log_paths, exclude=(), seed: int = 0, nthread: int | None = None):
+    """MetaSchedule's own XGBModel pretrained on the records of ``log_paths`` (less the excluded
+    models): the baseline "MetaSchedule's XGBModel, pretrained on the same data". Our dataset keeps
+    only our summarized features, while MetaSchedule's model trains on its raw per-store features,
+    so the logs are replayed again (the records ``build_dataset`` takes from them: same
+    ``min_records``). The records go in through ``XGBModel.update`` (its features, its labels:
+    best / latency per workload) with training held back, then one training on all of them, as its
+    adaptive training would end up doing. Save with ``.save(PATH)`` (a tar of the booster and the
+    records, which ``XGBModel.load`` restores: the tuner's ``--cost-model metaschedule:PATH``)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import targets
+    from deploytool.cost_model import dataset
+    from deploytool.cost_model.model import metaschedule_xgb
+    from deploytool.tuninglog import TuningLog
+
+    m = metaschedule_xgb(nthread, seed)
+    m.last_train_size = 1 << 62  # hold training back while the records go in
+    for p in log_paths:
+        tlog = TuningLog.read(p)
+        if _model_name(Path(p), tlog.header) in set(exclude):
+            continue
+        target = targets.load(tlog.target_name)
+        for g in dataset.groups_from_log(tlog, target, min_records=4, featurize=False):
+            results = [ms.runner.RunnerResult([float(x)], None) if x < 1e10 else ms.runner.RunnerResult(None, "failed")
+                       for x in g.latencies]
+            m.update(dataset.context(g.mod, target), g.candidates(), results)
+    if not m.data:
+        raise ValueError("no replayable records in these logs (each kernel needs at least 4)")
+    xs = [f for g in m.data.values() for f in g.features]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ys = np.concatenate([np.divide(g.min_cost, g.costs, out=np.zeros_like(g.costs), where=g.costs != 0)
+                             for g in m.data.values()])
+    m._train(xs=xs, ys=ys)  # noqa: SLF001  (MetaSchedule's own training step, as its update() calls it)
+    m.last_train_size = m.data_size
+    return m
+
+
 def evaluate(model, data: dict, only=(), k: int = 10) -> dict:
     """Ranking quality on ``data`` (restricted to ``only`` models): pairwise accuracy over all
     workloads, mean top-k recall, and the mean normalized throughput of the model's top-1 pick
@@ -190,6 +230,12 @@ def main(argv=None) -> int:
     a.add_argument("-o", "--output", required=True)
     a.add_argument("--exclude", action="append", default=[], help="leave this model's rows out (repeatable)")
     a.add_argument("--seed", type=int, default=0)
+    a = sub.add_parser("train-metaschedule", help="pretrain MetaSchedule's own XGBModel on tuning logs (the "
+                       "baseline for comparisons: tune --cost-model metaschedule:FILE)")
+    a.add_argument("logs", nargs="+")
+    a.add_argument("-o", "--output", required=True)
+    a.add_argument("--exclude", action="append", default=[], help="leave this model's logs out (repeatable)")
+    a.add_argument("--seed", type=int, default=0)
     a = sub.add_parser("eval", help="ranking quality of a model on (held-out) dataset rows")
     a.add_argument("model")
     a.add_argument("data")
@@ -217,6 +263,10 @@ def _run(args) -> int:
                     excluded=args.exclude)
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {args.output}: {m.trained_on} records, {len(m.groups)} kernels ({data['family']})")
+    elif args.cmd == "train-metaschedule":
+        m = fit_metaschedule(args.logs, exclude=args.exclude, seed=args.seed)
+        m.save(args.output)
+        print(f"wrote {args.output}: MetaSchedule's XGBModel, {m.data_size} records, {len(m.data)} kernels")
     else:
         from deploytool.cost_model.model import XGBCostModel
 

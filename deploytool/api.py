@@ -415,7 +415,9 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
     with this run's measurements; from scratch when the family has none), "none", a file, or
-    "metaschedule" (MetaSchedule's own XGBModel from scratch: the baseline for comparisons).
+    "metaschedule" (MetaSchedule's own XGBModel from scratch: the baseline for comparisons) or
+    "metaschedule:FILE" (that model pretrained: ``python -m deploytool.cost_model.pretrain
+    train-metaschedule``).
     ``device``: measure on a board over RPC ("HOST:PORT", "KEY@TRACKER:PORT" or a DeviceSpec);
     needed when the target is not this machine's architecture.
     ``retime_from``: another log of the target whose ``retime_top`` best candidates per kernel are
@@ -459,8 +461,12 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    f"board, and this machine is {_targets.host_arch()}",
                                    "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
-    ranker = "metaschedule" if cost_model == "metaschedule" else "deploytool"
+    ranker = "metaschedule" if cost_model.split(":", 1)[0] == "metaschedule" else "deploytool"
     cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
+    ms_file = Path(cost_model.split(":", 1)[1]) if ranker == "metaschedule" and ":" in cost_model else None
+    if ms_file is not None and not ms_file.is_file():
+        raise InputError(f"--cost-model metaschedule:FILE: no such file {ms_file}",
+                         "make one with `python -m deploytool.cost_model.pretrain train-metaschedule LOG...`")
     if first_round is None and cm_file is not None and tgt.family != "cuda":
         # not on GPUs: there a search round (seconds of evolutionary search on the host) costs far more
         # than measuring its candidates (microseconds each, built in parallel), so a round of 4
@@ -474,11 +480,13 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
-             + ("MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
+             + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
+                "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
                 f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
-                       cost_model=cm_file, ranker=ranker, retime_from=retime_from, retime_top=retime_top,
+                       cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
+                       retime_top=retime_top,
                        first_round=first_round,
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,

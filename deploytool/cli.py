@@ -508,11 +508,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: 4 with a pretrained cost model on CPUs, else a full batch: on GPUs a search round costs far "
                    "more than measuring it)")
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE|metaschedule",
+    s.add_argument("--cost-model", default="pretrained", metavar="none|pretrained|FILE|metaschedule[:FILE]",
                    help="where the cost model starts: the target family's pretrained model, fine-tuned with "
                         "this run's measurements (default; from scratch if the family has none), none, or a "
                         "model file from `python -m deploytool.cost_model.pretrain train`; metaschedule: "
-                        "MetaSchedule's own XGBModel from scratch, the baseline for comparisons")
+                        "MetaSchedule's own XGBModel from scratch, the baseline for comparisons; metaschedule:FILE: "
+                        "that model pretrained (`python -m deploytool.cost_model.pretrain train-metaschedule`)")
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
     dtype_arg(s)
     device_args(s, "measure on a board (needed for cross targets such as arm)")

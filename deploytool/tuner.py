@@ -84,6 +84,7 @@ class TuneOptions:
     objective: str = "reg:squarederror"  # the cost model's objective (see cost_model)
     cost_model: Any = None               # a pretrained model file to start from (None: from scratch)
     ranker: str = "deploytool"           # "metaschedule": MetaSchedule's XGBModel instead (comparisons)
+    ms_pretrained: Any = None            # with it: a file of that model pretrained (pretrain train-metaschedule)
     measure: MeasureSettings = field(default_factory=MeasureSettings)
     device: Any = None                   # a deploytool.device.DeviceSpec: measure on boards over RPC
     progress: Callable[[str], None] | None = None  # one-line notes (boards lost, reconnected)
@@ -300,8 +301,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         model = XGBCostModel(objective=opts.objective, nthread=measurer.threads, seed=opts.seed)
         if opts.cost_model is not None:
             model.start_from(opts.cost_model)
-        if opts.ranker == "metaschedule":  # the baseline: MetaSchedule's XGBModel, this run's data only
-            cost_model = make_metaschedule_cost_model(nthread=measurer.threads, seed=opts.seed)
+        if opts.ranker == "metaschedule":  # the baseline: MetaSchedule's XGBModel (this run's data, or pretrained)
+            cost_model = make_metaschedule_cost_model(nthread=measurer.threads, seed=opts.seed,
+                                                      pretrained=opts.ms_pretrained)
         else:
             cost_model = make_tuner_cost_model(model)
         # one search database per task (the search reads only its own workload's records); a task

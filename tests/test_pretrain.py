@@ -83,6 +83,36 @@ def test_tune_with_metaschedules_own_cost_model_and_resume(cli, tiny_model, tmp_
     assert searched() > first
 
 
+def test_metaschedules_cost_model_pretrained_on_the_same_logs(cli, tiny_model, tmp_path):
+    """The other baseline: MetaSchedule's XGBModel pretrained on the same records (its own features),
+    saved as MetaSchedule saves it (booster + records), loaded by tune --cost-model metaschedule:FILE."""
+    import numpy as np
+
+    from deploytool import targets
+    from deploytool.cost_model import dataset
+    from deploytool.cost_model.dataset import pairwise_accuracy
+    from deploytool.cost_model.model import metaschedule_xgb
+    from deploytool.tuninglog import TuningLog
+
+    path = tmp_path / "ms.tar"
+    r = _pretrain("train-metaschedule", SHIPPED, "-o", path)
+    assert r.returncode == 0, r.stderr
+    m = metaschedule_xgb()
+    m.load(str(path))
+    assert m.booster is not None and m.data_size > 100
+    # it learned: on its own training records it ranks the biggest kernel's candidates far better than chance
+    target = targets.load("x86-avx512")
+    g = max(dataset.groups_from_log(TuningLog.read(SHIPPED), target, min_records=8, featurize=False),
+            key=lambda g: len(g.latencies))
+    right, total = pairwise_accuracy(np.asarray(m.predict(dataset.context(g.mod, target), g.candidates())), g.latencies)
+    assert total > 20 and right / total > 0.7, (right, total)
+    log = tmp_path / "t.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, *TINY, "--cost-model", f"metaschedule:{path}")
+    assert r.code == 0 and "MetaSchedule's XGBModel, pretrained (ms.tar)" in r.err, r
+    assert_one_line_error(cli("tune", tiny_model, "--target", "x86-avx512", "-o", log, "--cost-model",
+                              f"metaschedule:{tmp_path / 'nope.tar'}"), "no such file")
+
+
 def test_predict_compiles_checks_and_refuses_unknown_families(cli, tiny_model, tmp_path, pretrained):
     _, model = pretrained
     so = tmp_path / "p.so"
