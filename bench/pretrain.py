@@ -1,7 +1,8 @@
 """Does pretraining the cost model pay? Leave one model out, honestly.
 
     python bench/pretrain.py DATA.npz --logs-dir DIR [--online squeezenet,ds_cnn_1d]
-                             [--trials-per-task 8] [--seeds 0,1,2] [--kinds scratch,pretrained,metaschedule,probe]
+                             [--trials-per-task 8] [--seeds 0,1,2]
+                             [--kinds scratch,pretrained,metaschedule,metaschedule-pretrained,probe] [--ms-logs LOG...]
                              [--predict-models ...] [--keep PREVIOUS.json] [--out bench/results]
 
 1. Offline (TenSet-style), for every model M of the dataset: pretrain on the other models' records,
@@ -9,7 +10,8 @@
    untrained (random) ranking.
 2. Online, for the --online models: tune M from scratch (--cost-model none), from the model
    pretrained without M, and with MetaSchedule's own XGBModel from scratch (--cost-model
-   metaschedule), and from the pretrained model with `tune --first-round 4` (probe: each kernel's first
+   metaschedule) and pretrained on the same records without M (metaschedule-pretrained: --ms-logs are the
+   logs DATA was built from), and from the pretrained model with `tune --first-round 4` (probe: each kernel's first
    round measures only the model's top 4), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
    best kernel latencies x calls) against trials; trials to reach 95% of the reference, the best
    of M's full tuning log in DIR (M-<target>.jsonl, 64 trials per kernel); the latency at equal
@@ -93,6 +95,7 @@ def at_trials(curve, n: float):
 
 KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
          "metaschedule": "MetaSchedule XGBModel, from scratch",
+         "metaschedule-pretrained": "MetaSchedule XGBModel, pretrained without it",
          "probe": "pretrained without it, first round of 4"}  # tune --first-round 4: every kernel probed first
 
 
@@ -212,12 +215,17 @@ def main() -> int:
     ap.add_argument("--keep", help="a previous pretrain.json: what this run does not redo is taken from it (the "
                     "offline section with --no-offline, the online rows of other models, the prediction section "
                     "with --predict-models '')")
+    ap.add_argument("--ms-logs", nargs="*", default=[], help="the tuning logs DATA was built from: kind "
+                    "metaschedule-pretrained pretrains MetaSchedule's XGBModel on them (its own features), less the "
+                    "held-out model, so that both pretrained models learn from the same records")
     ap.add_argument("--no-offline", action="store_true", help="skip the offline section (pretrain only the "
                     "leave-one-out models the other sections need)")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if any(k not in KINDS for k in kinds):
         ap.error(f"--kinds: one of {', '.join(KINDS)}")
+    if "metaschedule-pretrained" in kinds and not args.ms_logs:
+        ap.error("--kinds metaschedule-pretrained needs --ms-logs (the logs DATA was built from)")
 
     import deploytool
     from deploytool import benchmark
@@ -261,10 +269,19 @@ def main() -> int:
         ref_n95, ref_n, ref_curve = reference_run(ref_log, tasks)
         row = {"model": m, "reference_ms": ref * 1e3, "reference_trials": ref_n,
                "reference_trials_to_95pct": ref_n95, "reference_curve_ms": ref_curve, "runs": []}
+        ms_path = None
+        if "metaschedule-pretrained" in kinds:
+            ms_path = tmp / f"metaschedule-without-{m}.tar"
+            t0 = time.perf_counter()
+            msm = P.fit_metaschedule(args.ms_logs, exclude=[m])
+            msm.save(str(ms_path))
+            print(f"MetaSchedule's XGBModel pretrained without {m}: {msm.data_size} records, {len(msm.data)} kernels, "
+                  f"{time.perf_counter() - t0:.0f} s", flush=True)
+            row["metaschedule_pretrained_on"] = {"records": int(msm.data_size), "kernels": len(msm.data)}
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
                 cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule",
-                      "probe": str(loo[m])}[kind]
+                      "metaschedule-pretrained": f"metaschedule:{ms_path}", "probe": str(loo[m])}[kind]
                 log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
