@@ -322,6 +322,11 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     if f.is_file():
         parts.append("### A first round of 4 per kernel: `python bench/pretrain.py --kinds pretrained,probe`\n\n"
                      + f.read_text())
+    f = results_dir / "pretrain-baselines.md"
+    if f.is_file():
+        parts.append("### Against MetaSchedule's XGBModel, from scratch and pretrained on the same logs: "
+                     "`python bench/pretrain.py --kinds probe,metaschedule,metaschedule-pretrained --ms-logs ...`\n\n"
+                     + f.read_text())
     doc.write_text("\n".join(parts))
 
 
