@@ -161,7 +161,7 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
             dtype: str = "float32", predict: str | None = None, split_k: bool = True,
-            progress: Progress = _noop) -> CompileResult:
+            winograd: bool = False, progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
@@ -169,6 +169,8 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize).
     ``split_k=False``: GPU matmuls and convolutions with a small output keep one kernel (see
     deploytool.splitk; the kernels differ, so tune and compile must agree).
+    ``winograd``: CPUs, float32: 3x3 stride-1 convolutions in Winograd F(4x4, 3x3)
+    (deploytool.winograd; other kernels, so tune and compile must agree here too).
     ``predict`` ("pretrained" or a model file): kernels without a log record take the schedule the
     cost model ranks first, nothing measured (deploytool.predict)."""
     from deploytool import pipeline
@@ -187,6 +189,11 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     if tuning_log is not None:
         tlog = TuningLog.read(tuning_log)
         tlog.check_target(tgt)
+        logged = (tlog.header.get("model") or {}).get("winograd")
+        if logged is not None and bool(logged) != pipeline.winograd_applies(tgt, dtype, winograd):
+            progress(f"warning: {Path(tuning_log).name} was tuned {'with' if logged else 'without'} --winograd and "
+                     f"this build is {'without' if logged else 'with'} it: its convolution kernels will not match "
+                     f"({'add' if logged else 'drop'} --winograd)")
         if tlog.header.get("emulated"):
             progress(f"warning: {Path(tuning_log).name} was measured on an emulated board "
                      f"({tlog.header['emulated']}): fine for testing the pipeline, not tuning to ship")
@@ -210,7 +217,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
 
     bound = _bindings(bind_inputs)
     imported = stage("import", import_model, model, _shapes(input_shapes), bound)
-    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k)
+    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k, winograd)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
@@ -237,6 +244,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   tuning_log_sha256=tlog.sha256() if tlog else None, tasks_=task_list,
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
                                          "split_k": splitk.applies(tgt, dtype, split_k),
+                                         "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
@@ -410,7 +418,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
-         split_k: bool = True, first_round: int | None = None, on_progress=None, progress: Progress = _noop):
+         split_k: bool = True, winograd: bool = False, first_round: int | None = None, on_progress=None,
+         progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
@@ -477,7 +486,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
 
     require_appendable(output)
     imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k), tgt)
+    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd), tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
              + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
@@ -491,7 +500,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                        **({"objective": objective} if objective else {}))
     return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
-                        "split_k": splitk.applies(tgt, dtype, split_k)})
+                        "split_k": splitk.applies(tgt, dtype, split_k),
+                        "winograd": pipeline.winograd_applies(tgt, dtype, winograd)})
 
 
 def _cost_model_file(choice: str, tgt):
@@ -532,7 +542,7 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
 
 
 def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
-               allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True):
+               allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True, winograd: bool = False):
     """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
     or holds timings from an emulated board, unless ``allow_emulated``)."""
     from deploytool import logs, pipeline
@@ -546,7 +556,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
                              f"timings do not rank schedules for a real {tgt.arch} board",
                              "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
-    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k), tgt))
+    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd), tgt))
     return logs.coverage(tlog, task_list)
 
 

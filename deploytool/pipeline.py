@@ -41,7 +41,7 @@ class Task:
 DTYPES = ("float32", "float16")
 
 
-def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
+def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd: bool = False):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
     data layouts the target family's schedules want (weights are re-laid out once, here).
 
@@ -50,7 +50,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
     memory traffic; tensor cores on GPUs), the weights are converted once here, and the model's
     inputs and outputs keep their float32 interface. On CUDA, float16 and float32 matmuls and
     convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
-    unless ``split_k`` is False."""
+    unless ``split_k`` is False. ``winograd``: on CPUs, float32 3x3 stride-1 convolutions in
+    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs)."""
     import tvm
     from tvm import relax
 
@@ -83,9 +84,18 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True):
                                                 relax.transform.FoldConstant()])(mod)
         except Exception as e:  # TVM's layout inference misses some graphs: keep the ONNX layout
             log.info("layout conversion skipped: %s", describe(e))
+    if winograd_applies(target, dtype, winograd):
+        from deploytool import winograd as _winograd
+
+        mod = _run_passes(_winograd.rewrite, mod, target, "Winograd rewrite")
     tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                      relax.transform.DeadCodeElimination(["main"])])
     return _run_passes(tidy, mod, target, "graph optimization")
+
+
+def winograd_applies(target: Target, dtype: str, winograd: bool) -> bool:
+    """Whether ``--winograd`` changes the kernels: CPU targets, float32."""
+    return bool(winograd) and target.family in ("x86", "arm") and dtype == "float32"
 
 
 _WIDE_ACCUMULATE = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d"}

@@ -1,0 +1,157 @@
+"""Winograd convolutions for CPUs: 3x3 stride-1 convolutions in F(m x m, 3 x 3).
+
+A 3x3 convolution computes each output with 9 multiply-adds per input channel. Winograd's minimal
+filtering computes an m x m output tile from an (m+2) x (m+2) input tile with (m+2)^2 multiplies
+per input channel instead of 9 m^2: 2.25x fewer for F(2x2, 3x3), 4x fewer for F(4x4, 3x3), in
+exchange for cheap linear transforms of the input tiles and of the output tiles (the weights are
+transformed once, here, at compile time). What is left is a batch of (m+2)^2 independent GEMMs
+[tiles x CI] x [CI x CO], which tuning schedules like any GEMM. onnxruntime's CPU convolutions
+(MLAS: im2col + SGEMM) do all 9 m^2 multiplies.
+
+``rewrite(mod, tile)``: after the CPU layout conversion (NHWC activations, HWIO weights), every
+float32 conv2d with a constant 3x3 kernel, stride 1, dilation 1, one group and at least
+``MIN_CHANNELS`` input and output channels becomes one ``call_te`` of ``conv2d_nhwc`` below with
+the transformed weights ``U[eps, nu, ci, co] = (G w G^T)[eps, nu]`` as a new constant. Opt-in
+(``--winograd``): the kernels differ from the direct ones, so a tuning log serves only builds made
+with the same choice (the log header records it), and untuned Winograd kernels have no default
+schedule of their own yet (schedules/ covers the direct convolutions).
+
+Numerics: F(4x4, 3x3) loses ~1-2 decimal digits against a direct float32 convolution (its
+transform matrices hold 1/4, 1/6, 1/24 ...); F(2x2, 3x3) is exact up to rounding. ``tile=4`` by
+default (``DEPLOYTOOL`` checks compare against onnxruntime with rtol 1e-4 on the model's output).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MIN_CHANNELS = 16   # below this the transforms cost more than the multiplies they save
+TILES = (2, 4)
+
+
+def transform_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(A, B, G) of F(tile x tile, 3 x 3) as float64 numpy arrays: Y = A^T [(G w G^T) * (B^T d B)] A."""
+    from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
+
+    return tuple(np.asarray(x, dtype="float64") for x in
+                 _cook_toom_convolution(_interpolation_points(tile + 1), tile, 3))
+
+
+def transform_weights(w_hwio: np.ndarray, tile: int) -> np.ndarray:
+    """HWIO 3x3 weights -> U[alpha, alpha, CI, CO], computed in float64."""
+    _, _, g = transform_matrices(tile)
+    u = np.einsum("ek,klio,nl->enio", g, w_hwio.astype("float64"), g)
+    return u.astype(w_hwio.dtype)
+
+
+def conv2d_nhwc(data, u, padding, tile: int):
+    """TE: NHWC ``data`` convolved with 3x3 weights given as Winograd-transformed ``u``
+    [alpha, alpha, CI, CO]; ``padding`` (top, left, bottom, right)."""
+    from tvm import te, topi
+
+    a_np, b_np, _ = transform_matrices(tile)
+    n, h, w, ci = (int(x) for x in data.shape)
+    alpha, co = int(u.shape[0]), int(u.shape[3])
+    m = tile
+    pt, pl, pb, pr = padding
+    oh, ow = h + pt + pb - 2, w + pl + pr - 2
+    nh, nw = -(-oh // m), -(-ow // m)
+    p_all = n * nh * nw
+    a_mat = _const_matrix(a_np, str(data.dtype), "A")
+    b_mat = _const_matrix(b_np, str(data.dtype), "B")
+    data_pad = topi.nn.pad(data, (0, pt, pl, 0),
+                           (0, nh * m + 2 - h - pt, nw * m + 2 - w - pl, 0), name="data_pad")
+    ra = te.reduce_axis((0, alpha), "r_a")
+    rb = te.reduce_axis((0, alpha), "r_b")
+    # the input tile is read straight from the padded input (no separate gather stage)
+    v = te.compute(
+        (alpha, alpha, p_all, ci),
+        lambda eps, nu, p, c: te.sum(
+            data_pad[p // (nh * nw), (p // nw) % nh * m + ra, p % nw * m + rb, c]
+            * b_mat[ra, eps] * b_mat[rb, nu], axis=[ra, rb]),
+        name="data_pack")
+    k = te.reduce_axis((0, ci), "ci")
+    mm = te.compute((alpha, alpha, p_all, co),
+                    lambda eps, nu, p, o: te.sum(v[eps, nu, p, k] * u[eps, nu, k, o], axis=[k]),
+                    name="bgemm")
+    ra2 = te.reduce_axis((0, alpha), "r_a")
+    rb2 = te.reduce_axis((0, alpha), "r_b")
+    y = te.compute((m, m, p_all, co),
+                   lambda vh, vw, p, o: te.sum(mm[ra2, rb2, p, o] * a_mat[ra2, vh] * a_mat[rb2, vw],
+                                               axis=[ra2, rb2]),
+                   name="inverse")
+    return te.compute((n, oh, ow, co),
+                      lambda b, i, j, o: y[i % m, j % m, b * nh * nw + i // m * nw + j // m, o],
+                      name="conv2d_winograd")
+
+
+def _const_matrix(mat: np.ndarray, dtype: str, name: str):
+    """A TE tensor holding ``mat`` as a Select chain (topi's const_matrix without its
+    ``schedule_rule: None`` mark, which kept MetaSchedule from inlining it: inlined and unrolled,
+    the transforms' zero and one coefficients fold away)."""
+    from tvm import te, tirx
+
+    rows, cols = mat.shape
+
+    def value(i, j):
+        out = tirx.const(0.0, dtype)
+        for a in range(rows):
+            for b in range(cols):
+                if mat[a, b] != 0:
+                    out = tirx.Select(tirx.all(i == a, j == b), tirx.const(float(mat[a, b]), dtype), out)
+        return out
+
+    return te.compute((rows, cols), value, name=name)
+
+
+def eligible(call) -> bool:
+    """A float32 NHWC/HWIO conv2d with a constant 3x3 kernel, stride 1, dilation 1, one group,
+    enough channels."""
+    import tvm
+
+    attrs = call.attrs
+    w = call.args[1]
+    if not isinstance(w, tvm.ir.Constant) or str(attrs.data_layout) != "NHWC" or str(attrs.kernel_layout) != "HWIO":
+        return False
+    if str(attrs.out_layout) not in ("NHWC", "") or int(attrs.groups) != 1:
+        return False
+    if [int(s) for s in attrs.strides] != [1, 1] or [int(d) for d in attrs.dilation] != [1, 1]:
+        return False
+    shape = [int(d) for d in w.value.shape]
+    xs = call.args[0].ty
+    if str(w.value.dtype) != "float32" or str(getattr(xs, "dtype", "")) != "float32" or xs.shape is None:
+        return False
+    try:
+        [int(d) for d in xs.shape]
+    except TypeError:  # dynamic shape
+        return False
+    return shape[:2] == [3, 3] and shape[2] >= MIN_CHANNELS and shape[3] >= MIN_CHANNELS
+
+
+def rewrite(mod, tile: int = 4):
+    """``mod`` with every eligible conv2d (see ``eligible``) computed by Winograd F(tile, 3)."""
+    import tvm
+    from tvm import relax
+
+    if tile not in TILES:
+        raise ValueError(f"Winograd tile {tile}: use one of {TILES}")
+    conv_op = tvm.ir.Op.get("relax.nn.conv2d")
+
+    @relax.expr_functor.mutator
+    class Rewriter(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op != conv_op or not eligible(call):
+                return call
+            u = transform_weights(call.args[1].value.numpy(), tile)
+            pad = [int(p) for p in call.attrs.padding]
+            if len(pad) == 2:
+                pad = pad * 2
+            return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), tuple(pad), tile,
+                                         primfunc_name_hint="conv2d_winograd")
+
+    rw = Rewriter(mod)
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            rw.builder_.update_func(gv, rw.visit_expr(func))
+    return rw.builder_.get()

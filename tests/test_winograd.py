@@ -1,0 +1,109 @@
+"""Winograd convolutions (deploytool.winograd): the TE computation against a direct convolution,
+the graph rewrite's choice of convolutions, a whole model against onnxruntime, and a tuned
+Winograd build replayed from its log."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+
+def direct_conv_nhwc(x: np.ndarray, w: np.ndarray, pad: tuple[int, int, int, int]) -> np.ndarray:
+    """Reference: NHWC input, HWIO 3x3 weights, stride 1, float64."""
+    pt, pl, pb, pr = pad
+    xp = np.pad(x.astype("float64"), ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    n, h, wd, _ = xp.shape
+    out = np.zeros((n, h - 2, wd - 2, w.shape[3]))
+    for kh in range(3):
+        for kw in range(3):
+            out += np.einsum("nhwc,co->nhwo", xp[:, kh:kh + h - 2, kw:kw + wd - 2, :], w[kh, kw].astype("float64"))
+    return out
+
+
+def make_conv_model(path, convs, seed=0):
+    """NCHW input (1, 16, 13, 11) through the listed convolutions (out channels, kernel, stride,
+    pads), each + bias + Relu."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    nodes, inits, last, ch, h, w = [], [], "x", 16, 13, 11
+    for i, (co, k, stride, pads) in enumerate(convs):
+        h, w = (h + pads[0] + pads[2] - k) // stride + 1, (w + pads[1] + pads[3] - k) // stride + 1
+        inits += [numpy_helper.from_array(rng.normal(0, 0.2, (co, ch, k, k)).astype(np.float32), f"w{i}"),
+                  numpy_helper.from_array(rng.normal(0, 0.1, (co,)).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [last, f"w{i}", f"b{i}"], [f"c{i}"], pads=list(pads), strides=[stride] * 2),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        last, ch = f"r{i}", co
+    nodes.append(helper.make_node("Identity", [last], ["y"]))
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 13, 11])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, ch, h, w])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+# 3x3 pad 1 (rewritten), 3x3 asymmetric pad (rewritten), 1x1 (kept), 3x3 stride 2 (kept)
+CONVS = [(16, 3, 1, (1, 1, 1, 1)), (24, 3, 1, (0, 1, 2, 0)), (16, 1, 1, (0, 0, 0, 0)), (16, 3, 2, (1, 1, 1, 1))]
+
+
+@pytest.mark.fast
+@pytest.mark.parametrize("tile", [2, 4])
+def test_te_winograd_matches_a_direct_convolution(tile):
+    import tvm
+    from tvm import te
+
+    from deploytool import winograd
+
+    rng = np.random.default_rng(tile)
+    x = rng.normal(0, 1, (1, 13, 11, 16)).astype("float32")
+    w = rng.normal(0, 0.2, (3, 3, 16, 24)).astype("float32")
+    pad = (1, 0, 2, 1)
+    u = winograd.transform_weights(w, tile)
+    assert u.shape == (tile + 2, tile + 2, 16, 24)
+    xt = te.placeholder(x.shape, "float32", name="x")
+    ut = te.placeholder(u.shape, "float32", name="u")
+    out = winograd.conv2d_nhwc(xt, ut, pad, tile)
+    lib = tvm.compile(te.create_prim_func([xt, ut, out]), target=tvm.target.Target({"kind": "llvm"}))
+    ref = direct_conv_nhwc(x, w, pad)
+    got = tvm.runtime.tensor(np.zeros(ref.shape, "float32"))
+    lib(tvm.runtime.tensor(x), tvm.runtime.tensor(u), got)
+    got = got.numpy()
+    assert got.shape == ref.shape
+    # float32 against float64: F(2x2) rounds like a direct convolution, F(4x4) loses ~1 more digit
+    np.testing.assert_allclose(got, ref, rtol=0, atol=(2e-5 if tile == 2 else 1e-4) * np.abs(ref).max())
+
+
+@pytest.mark.models
+def test_winograd_build_matches_onnxruntime_and_rewrites_only_3x3_stride_1(tmp_path, cli):
+    import deploytool
+
+    model = make_conv_model(tmp_path / "convs.onnx", CONVS)
+    res = deploytool.compile(model, target="x86", winograd=True, output=tmp_path / "w.so")
+    names = [t.name for t in res.tasks]
+    assert sum("winograd" in n for n in names) == 2, names   # the two 3x3 stride-1 convolutions
+    assert sum("conv2d" in n and "winograd" not in n for n in names) == 2, names
+    r = cli("run", tmp_path / "w.so", "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+    assert json.loads(cli("metadata", tmp_path / "w.so").out)["winograd"] is True
+    plain = cli("compile", model, "--target", "x86", "-o", tmp_path / "d.so")
+    assert plain.code == 0, plain
+    assert json.loads(cli("metadata", tmp_path / "d.so").out)["winograd"] is False
+
+
+@pytest.mark.tuning
+def test_winograd_log_replays_and_a_build_without_it_is_told(tmp_path, cli):
+    model = make_conv_model(tmp_path / "convs.onnx", CONVS[:2])
+    log = tmp_path / "w.jsonl"
+    t = cli("tune", model, "--target", "x86", "--winograd", "--trials-per-task", "4", "--batch", "4", "-o", log, "-q")
+    assert t.code == 0, t
+    ok = cli("compile", model, "--target", "x86", "--winograd", "--tuning-log", log, "--require-tuned",
+             "-o", tmp_path / "w.so")
+    assert ok.code == 0, ok
+    assert cli("run", tmp_path / "w.so", "--check", model).code == 0
+    bad = cli("compile", model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", tmp_path / "d.so")
+    assert bad.code == 2, bad
+    assert "tuned with --winograd" in bad.err + bad.out, bad
