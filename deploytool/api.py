@@ -418,8 +418,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
-         split_k: bool = True, winograd: bool = False, first_round: int | None = None, on_progress=None,
-         progress: Progress = _noop):
+         split_k: bool = True, winograd: bool = False, first_round: int | None = None, kernels: str | None = None,
+         on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
@@ -436,7 +436,11 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     search starts from a pretrained model (SqueezeNet, held out of it, 3 seeds: 95% of the reference
     after a median of 89 trials instead of 232, 151 vs 232 on the seed timed alike; the same final
     latency; bench/results/pretrain-first-round.md) on CPUs, a full batch otherwise (on GPUs the
-    search round, seconds on the host, costs far more than measuring its candidates)."""
+    search round, seconds on the host, costs far more than measuring its candidates).
+    ``kernels``: comma-separated glob patterns of kernel names (e.g. ``*winograd*``): tune only
+    those (the others keep whatever the log has)."""
+    import fnmatch
+
     from deploytool import pipeline
     from deploytool.measure import MeasureSettings
     from deploytool.tuner import TuneOptions
@@ -488,6 +492,14 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     imported = import_onnx(model, _shapes(input_shapes))
     mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd), tgt)
     task_list = pipeline.tasks(mod)
+    if kernels:
+        pats = [k.strip() for k in kernels.split(",") if k.strip()]
+        picked = [t for t in task_list if any(fnmatch.fnmatchcase(t.name, p) for p in pats)]
+        if not picked:
+            raise InputError(f"--kernels {kernels}: no kernel of {Path(model).name} matches",
+                             "use glob patterns of kernel names as `deploytool inspect` lists them, e.g. "
+                             f"'*conv2d*' or '{task_list[0].name if task_list else 'fused_conv2d_add_relu'}'")
+        task_list = picked
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
              + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
                 "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else

@@ -252,7 +252,7 @@ def cmd_tune(args) -> int:
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
-                 winograd=args.winograd, first_round=args.first_round,
+                 winograd=args.winograd, first_round=args.first_round, kernels=args.kernels,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -506,6 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first measure again the best candidates per kernel of this log (of the same target), "
                         "with this run's settings: a log moved to new measurement settings or another board")
     s.add_argument("--retime-top", type=int, default=8, metavar="K", help="candidates per kernel to re-measure (default: 8)")
+    s.add_argument("--kernels", metavar="GLOB[,GLOB...]",
+                   help="tune only the kernels whose names match (e.g. '*winograd*'); the others keep their log records")
     s.add_argument("--first-round", type=int, metavar="N", help="measure only the cost model's top N candidates in each "
                    "kernel's first round, so that every kernel is probed before the heavy ones get full rounds "
                    "(default: 4 with a pretrained cost model on CPUs, else a full batch: on GPUs a search round costs far "
