@@ -139,6 +139,8 @@ def markdown(res) -> str:
             f"{'pass' if r['check_winograd'] else 'FAIL'} ({r['max_rel_err_winograd']:.1e}; direct {r['max_rel_err_direct']:.1e}) | "
             f"{r['so_mib_direct']:.0f} -> {r['so_mib_winograd']:.0f} | {m['direct']:.3f} | {m['winograd']:.3f} | "
             f"{m['winograd'] / m['direct']:.3f} | {m['ratio_direct']:.3f}x | {m['ratio_winograd']:.3f}x |")
+    if res.get("notes"):  # what the run's author adds to the JSON by hand
+        lines += [""] + [f"- {n}" for n in res["notes"]]
     return "\n".join(lines)
 
 

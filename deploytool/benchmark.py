@@ -327,6 +327,12 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         parts.append("### Against MetaSchedule's XGBModel, from scratch and pretrained on the same logs: "
                      "`python bench/pretrain.py --kinds probe,metaschedule,metaschedule-pretrained --ms-logs ...`\n\n"
                      + f.read_text())
+    f = results_dir / "pretrain-baselines-more.md"
+    if f.is_file():
+        parts.append("### The same for DS-CNN and BERT held out (a second machine): `python bench/pretrain.py "
+                     "--online ds_cnn_1d,bert_encoder ...`\n\n" + f.read_text())
+    for f in sorted(results_dir.glob("winograd-*.md")):
+        parts.append("## Winograd convolutions on CPUs: `python bench/winograd.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))
 
 

@@ -4,6 +4,7 @@ They need no measurement. Per kernel, the rules below are tried in order and the
 applies wins; a rule that raises on a kernel is skipped for that kernel only, so one odd kernel
 never breaks a build (it stays as legalized: correct, slower).
 
+0. ``winograd``: the Winograd convolutions of ``--winograd`` (deploytool.winograd), per stage.
 1. ``tile_reduction``: register-blocked reductions -- conv2d in NHWC (depthwise too), matmul
    and pooling. The innermost output axis (output channels, or N of a matmul) is vectorized; the
    next one (output width, or M) is unrolled into a tile of rows, so each step of the reduction
@@ -215,6 +216,78 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
             continue  # already on the tile
         sch.reverse_compute_at(b, loop, preserve_unit_loops=True)
         _vectorize_inner(sch, sch.get_loops(b)[-1], params.vector_lanes * 4)
+
+
+# --------------------------------------------------------------------------- rule 0
+def winograd(sch, tvm_target, params: CPUParams):
+    """Winograd convolutions (deploytool.winograd: blocks data_pack, bgemm, inverse), stage by
+    stage, each in its own parallel loop: the input transform and the inverse transform with their
+    small transform loops unrolled (the constant matrices inlined, so their zeros and ones fold
+    away) and the channels vectorized; the batched GEMM register-blocked like ``tile_reduction``
+    (output channels in vectors, tiles as rows); the epilogue (bias, activation) vectorized over
+    the output channels, reading the inverse transform's tiles."""
+    names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    if not {"data_pack", "bgemm", "inverse"} <= names:
+        return None
+    root = sch.get_sblock("root")
+    lanes = params.vector_lanes
+    keep = [sch.get_sblock("data_pad")] if "data_pad" in names else []
+    for name in ("A", "B"):
+        if name in names:
+            sch.compute_inline(sch.get_sblock(name))
+    _inline_spatial_intermediates(sch, root, keep)   # the output gather, into the epilogue
+    for pad in keep:
+        _parallel_vectorize(sch, pad, params)
+
+    def transform(name):
+        # (e1, e2, p, c) spatial, (r1, r2) reduction -> parallel p, c-chunks; unrolled e1 e2 r1 r2; vector c
+        blk = sch.get_sblock(name)
+        e1, e2, pp, c, r1, r2 = sch.get_loops(blk)
+        ext_c = _const(sch.get(c).extent)
+        v = _vector_tile(ext_c, lanes) if ext_c % lanes == 0 else _divisor_at_most(ext_c, lanes)
+        co, ci = sch.split(c, factors=[None, min(v, lanes)])
+        sch.reorder(pp, co, e1, e2, r1, r2, ci)
+        fused = sch.fuse(pp, co)
+        sch.parallel(fused)
+        for lp in (e1, e2, r1, r2):
+            sch.unroll(lp)
+        sch.vectorize(ci)
+        init = sch.decompose_reduction(blk, r1)
+        _vectorize_inner(sch, sch.get_loops(init)[-1], lanes)
+
+    transform("data_pack")
+    transform("inverse")
+
+    # the batched GEMM: (e1, e2, p, co) += V[e1, e2, p, ci] * U[e1, e2, ci, co]
+    red = sch.get_sblock("bgemm")
+    e1, e2, pp, co, k = sch.get_loops(red)
+    P, CO = _const(sch.get(pp).extent), _const(sch.get(co).extent)
+    cw, rows = _register_tile(CO, P, lanes, params.registers)
+    sch.cache_write(red, 0, "local")
+    writeback = sch.get_consumers(red)[0]
+    v = min(cw, lanes) if cw % min(cw, lanes) == 0 else cw
+    cvec, cii = sch.split(co, factors=[None, v])
+    c_o, cim = sch.split(cvec, factors=[None, cw // v])
+    p_o, pii = sch.split(pp, factors=[None, rows])
+    sch.reorder(e1, e2, c_o, p_o, k, pii, cim, cii)
+    fused = sch.fuse(e1, e2, c_o, p_o)
+    sch.parallel(fused)
+    sch.unroll(pii)
+    sch.unroll(cim)
+    sch.vectorize(cii)
+    sch.reverse_compute_at(writeback, fused, preserve_unit_loops=True)
+    _vectorize_inner(sch, sch.get_loops(writeback)[-1], lanes * 4)
+    init = sch.decompose_reduction(red, k)
+    _vectorize_inner(sch, sch.get_loops(init)[-1], lanes * 4)
+
+    # the epilogue: whatever is left after the inverse transform (the output gather + bias + act.)
+    for b in sch.get_child_blocks(root):
+        if sch.get(b).name_hint not in ("data_pad", "data_pack", "bgemm", "inverse") \
+                and not sch.get(b).name_hint.endswith("_local") and _is_spatial_block(sch, b):
+            loops = sch.get_loops(b)
+            if loops and not any(sch.get(lp).kind == 1 for lp in loops):  # not already parallel
+                _parallel_vectorize(sch, b, params)
+    return sch
 
 
 # --------------------------------------------------------------------------- rule 1
@@ -524,4 +597,4 @@ def parallel_fallback(sch, tvm_target, params: CPUParams):
 
 # In the order they are tried; each takes a fresh tirx Schedule of one kernel and returns it
 # scheduled, or None when the kernel is not its kind.
-RULES = (tile_reduction, row_reduction, injective, parallel_fallback)
+RULES = (winograd, tile_reduction, row_reduction, injective, parallel_fallback)

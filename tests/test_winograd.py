@@ -23,13 +23,13 @@ def direct_conv_nhwc(x: np.ndarray, w: np.ndarray, pad: tuple[int, int, int, int
 
 
 def make_conv_model(path, convs, seed=0):
-    """NCHW input (1, 16, 13, 11) through the listed convolutions (out channels, kernel, stride,
+    """NCHW input (1, 16, 21, 19) through the listed convolutions (out channels, kernel, stride,
     pads), each + bias + Relu."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
-    nodes, inits, last, ch, h, w = [], [], "x", 16, 13, 11
+    nodes, inits, last, ch, h, w = [], [], "x", 16, 21, 19
     for i, (co, k, stride, pads) in enumerate(convs):
         h, w = (h + pads[0] + pads[2] - k) // stride + 1, (w + pads[1] + pads[3] - k) // stride + 1
         inits += [numpy_helper.from_array(rng.normal(0, 0.2, (co, ch, k, k)).astype(np.float32), f"w{i}"),
@@ -38,7 +38,7 @@ def make_conv_model(path, convs, seed=0):
                   helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
         last, ch = f"r{i}", co
     nodes.append(helper.make_node("Identity", [last], ["y"]))
-    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 13, 11])],
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 21, 19])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, ch, h, w])], initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -46,8 +46,10 @@ def make_conv_model(path, convs, seed=0):
     return path
 
 
-# 3x3 pad 1 (rewritten), 3x3 asymmetric pad (rewritten), 1x1 (kept), 3x3 stride 2 (kept)
-CONVS = [(16, 3, 1, (1, 1, 1, 1)), (24, 3, 1, (0, 1, 2, 0)), (16, 1, 1, (0, 0, 0, 0)), (16, 3, 2, (1, 1, 1, 1))]
+# 3x3 pad 1 (rewritten: 6x5 output tiles), 3x3 asymmetric pad (rewritten), 1x1 (kept), 3x3 stride 2
+# (kept), 3x3 on the 11x10 map after it (kept: 3x3 tiles, fewer than winograd.MIN_TILES)
+CONVS = [(16, 3, 1, (1, 1, 1, 1)), (24, 3, 1, (0, 1, 2, 0)), (16, 1, 1, (0, 0, 0, 0)), (16, 3, 2, (1, 1, 1, 1)),
+         (16, 3, 1, (1, 1, 1, 1))]
 
 
 @pytest.mark.fast
@@ -85,7 +87,8 @@ def test_winograd_build_matches_onnxruntime_and_rewrites_only_3x3_stride_1(tmp_p
     res = deploytool.compile(model, target="x86", winograd=True, output=tmp_path / "w.so")
     names = [t.name for t in res.tasks]
     assert sum("winograd" in n for n in names) == 2, names   # the two 3x3 stride-1 convolutions
-    assert sum("conv2d" in n and "winograd" not in n for n in names) == 2, names
+    assert sum("conv2d" in n and "winograd" not in n for n in names) == 3, names
+    assert [res.schedules[n] for n in names if "winograd" in n] == ["winograd"] * 2, res.schedules  # schedules/cpu.py
     r = cli("run", tmp_path / "w.so", "--check", model)
     assert r.code == 0 and "check passed" in r.out, r
     assert json.loads(cli("metadata", tmp_path / "w.so").out)["winograd"] is True
