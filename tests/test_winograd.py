@@ -101,13 +101,13 @@ def test_winograd_build_matches_onnxruntime_and_rewrites_only_3x3_stride_1(tmp_p
 def test_winograd_log_replays_and_a_build_without_it_is_told(tmp_path, cli):
     model = make_conv_model(tmp_path / "convs.onnx", CONVS[:2])
     log = tmp_path / "w.jsonl"
-    tune = ("tune", model, "--target", "x86", "--winograd", "--trials-per-task", "4", "--batch", "4", "-o", log, "-q")
-    t = cli(*tune, "--kernels", "*winograd*")   # the Winograd kernels only
+    tune = ("tune", model, "--target", "x86", "--winograd", "--batch", "2", "-o", log, "-q")
+    t = cli(*tune, "--trials-per-task", "2", "--kernels", "*winograd*")   # the Winograd kernels only
     assert t.code == 0, t
     cov = json.loads(cli("logs", "check", log, model, "--target", "x86", "--winograd", "--json").out)
     assert cov["covered"] and all("winograd" in k for k in cov["covered"]), cov
     assert cov["missing"] and not any("winograd" in k for k in cov["missing"]), cov   # the layout transposes
-    t = cli(*tune)   # resumes: the rest
+    t = cli(*tune, "--trials-per-task", "1")   # resumes: the rest (their default schedules are records too)
     assert t.code == 0, t
     ok = cli("compile", model, "--target", "x86", "--winograd", "--tuning-log", log, "--require-tuned",
              "-o", tmp_path / "w.so")
