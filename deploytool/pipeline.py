@@ -87,7 +87,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     if winograd_applies(target, dtype, winograd):
         from deploytool import winograd as _winograd
 
-        mod = _run_passes(_winograd.rewrite, mod, target, "Winograd rewrite")
+        mod = _run_passes(_winograd.winograd_pass(), mod, target, "Winograd rewrite")
     tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                      relax.transform.DeadCodeElimination(["main"])])
     return _run_passes(tidy, mod, target, "graph optimization")

@@ -8,19 +8,19 @@ transformed once, here, at compile time). What is left is a batch of (m+2)^2 ind
 [tiles x CI] x [CI x CO], which tuning schedules like any GEMM. onnxruntime's CPU convolutions
 (MLAS: im2col + SGEMM) do all 9 m^2 multiplies.
 
-``rewrite(mod, tile)``: after the CPU layout conversion (NHWC activations, HWIO weights), every
+``winograd_pass(tile)``: after the CPU layout conversion (NHWC activations, HWIO weights), every
 float32 conv2d with a constant 3x3 kernel, stride 1, dilation 1, one group, at least
 ``MIN_CHANNELS`` input and output channels, at least ``MIN_TILES`` output tiles and transformed
 weights of at most ``MAX_WEIGHT_BYTES`` (a small image with many channels is bound by reading
-weights 4x the size of the 3x3 ones: seen on YOLOv3-tiny's and ResNet-50's last 3x3 layers) becomes one ``call_te`` of ``conv2d_nhwc`` below with
-the transformed weights ``U[eps, nu, ci, co] = (G w G^T)[eps, nu]`` as a new constant. Opt-in
+weights 4x the size of the 3x3 ones: seen on YOLOv3-tiny's and ResNet-50's last 3x3 layers)
+becomes one ``call_te`` of ``conv2d_nhwc`` below with the transformed weights ``U[eps, nu, ci, co] = (G w G^T)[eps, nu]`` as a new constant. Opt-in
 (``--winograd``): the kernels differ from the direct ones, so a tuning log serves only builds made
-with the same choice (the log header records it), and untuned Winograd kernels have no default
-schedule of their own yet (schedules/ covers the direct convolutions).
+with the same choice (the log header records it). Their default schedule is the ``winograd`` rule
+of schedules/cpu.py.
 
 Numerics: F(4x4, 3x3) loses ~1-2 decimal digits against a direct float32 convolution (its
 transform matrices hold 1/4, 1/6, 1/24 ...); F(2x2, 3x3) is exact up to rounding. ``tile=4`` by
-default (``DEPLOYTOOL`` checks compare against onnxruntime with rtol 1e-4 on the model's output).
+default (`deploytool run --check` compares with onnxruntime at rtol 1e-4 of the output's scale).
 """
 
 from __future__ import annotations
@@ -109,6 +109,12 @@ def _const_matrix(mat: np.ndarray, dtype: str, name: str):
     return te.compute((rows, cols), value, name=name)
 
 
+def _padding(attrs) -> tuple[int, int, int, int]:
+    """conv2d's padding as (top, left, bottom, right)."""
+    pad = [int(p) for p in attrs.padding]
+    return tuple(pad * 2 if len(pad) == 2 else pad)
+
+
 def eligible(call, tile: int = 4) -> bool:
     """A float32 NHWC/HWIO conv2d with a constant 3x3 kernel, stride 1, dilation 1, one group,
     enough channels, enough output tiles, and transformed weights small enough to stay in cache."""
@@ -132,17 +138,18 @@ def eligible(call, tile: int = 4) -> bool:
         return False
     if (kh, kw) != (3, 3) or ci < MIN_CHANNELS or co < MIN_CHANNELS:
         return False
-    pad = [int(p) for p in attrs.padding]
-    pad = pad * 2 if len(pad) == 2 else pad
+    pad = _padding(attrs)
     oh, ow = h + pad[0] + pad[2] - 2, wd + pad[1] + pad[3] - 2
     tiles = n * -(-oh // tile) * -(-ow // tile)
     return tiles >= MIN_TILES and (tile + 2) ** 2 * ci * co * 4 <= MAX_WEIGHT_BYTES
 
 
-def rewrite(mod, tile: int = 4):
-    """``mod`` with every eligible conv2d (see ``eligible``) computed by Winograd F(tile, 3)."""
+def winograd_pass(tile: int = 4):
+    """A module pass computing every eligible conv2d (see ``eligible``) by Winograd F(tile, 3)."""
     import tvm
     from tvm import relax
+
+    from deploytool.pipeline import _relax_function_pass
 
     if tile not in TILES:
         raise ValueError(f"Winograd tile {tile}: use one of {TILES}")
@@ -155,14 +162,7 @@ def rewrite(mod, tile: int = 4):
             if call.op != conv_op or not eligible(call, tile):
                 return call
             u = transform_weights(call.args[1].value.numpy(), tile)
-            pad = [int(p) for p in call.attrs.padding]
-            if len(pad) == 2:
-                pad = pad * 2
-            return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), tuple(pad), tile,
+            return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), _padding(call.attrs), tile,
                                          primfunc_name_hint="conv2d_winograd")
 
-    rw = Rewriter(mod)
-    for gv, func in list(mod.functions.items()):
-        if isinstance(func, relax.Function):
-            rw.builder_.update_func(gv, rw.visit_expr(func))
-    return rw.builder_.get()
+    return _relax_function_pass(Rewriter, "Winograd")
