@@ -452,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "fill the GPU (by default its reduction is split over more thread blocks and summed after)")
         sp.add_argument("--winograd", action="store_true",
                         help="CPUs, float32: 3x3 stride-1 convolutions by Winograd F(4x4, 3x3), 4x fewer "
-                        "multiplies (tune with it: its kernels have no default schedule)")
+                        "multiplies; opt-in: not faster end to end yet, see docs/benchmarks.md")
 
     def device_args(sp, what):
         sp.add_argument("--device", metavar="HOST:PORT|KEY@HOST:PORT",
