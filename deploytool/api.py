@@ -161,9 +161,11 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
             dtype: str = "float32", predict: str | None = None, split_k: bool = True,
-            winograd: bool = False, progress: Progress = _noop) -> CompileResult:
+            winograd: bool = False, tuned_on: str | None = None, progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
-    With ``tuning_log``, each kernel takes the log's best record (others: default schedules);
+    With ``tuning_log``, each kernel takes the log's best record (others: default schedules),
+    among the records of one machine where the log holds several: ``tuned_on`` (a name that
+    ``logs show`` lists), else this machine when the target runs here, else the log's header's;
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
     ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs).
     ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize).
@@ -197,6 +199,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         if tlog.header.get("emulated"):
             progress(f"warning: {Path(tuning_log).name} was measured on an emulated board "
                      f"({tlog.header['emulated']}): fine for testing the pipeline, not tuning to ship")
+        tuned_on = _records_machine(tlog, tgt, tuned_on, Path(tuning_log).name, progress)
     predict_model = None
     if predict is not None:
         predict_model = _cost_model_file(predict, tgt)
@@ -222,7 +225,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
     sched: dict[str, str] = {}
-    mod = stage("schedule", pipeline.schedule, mod, tgt, sched, tlog, require_tuned, predict_model)
+    mod = stage("schedule", pipeline.schedule, mod, tgt, sched, tlog, require_tuned, predict_model, tuned_on)
     if predict_model is not None:
         n = sum(1 for v in sched.values() if v == "predicted")
         progress(f"{n} of {len(sched)} kernels with the schedule {predict_model.name} predicts fastest "
@@ -530,11 +533,52 @@ def _cost_model_file(choice: str, tgt):
 
 
 # ----------------------------------------------------------------------------- logs
-def logs_show(log: str | Path):
+def _this_machine(tgt) -> str | None:
+    """device_name of this machine, when ``tgt`` runs on it: its GPU for a CUDA target, its CPU
+    for a CPU target of this architecture that is not reached over RPC; else None."""
+    from deploytool.tuninglog import device_name
+
+    if tgt.family == "cuda":
+        from deploytool import cuda
+
+        gpu = cuda.local_gpu()
+        return device_name({"gpu": gpu.name}) if gpu is not None else None
+    if tgt.arch == _targets.host_arch() and (tgt.device or {}).get("kind", "local") == "local" \
+            and tgt.artifact == "so":
+        return device_name({"cpu": _targets.cpu_name()})
+    return None
+
+
+def _records_machine(tlog, tgt, tuned_on: str | None, name: str, progress: Progress) -> str | None:
+    """Which machine's records a build takes (see compile), saying so when it matters."""
+    from deploytool.tuninglog import TuningLogError
+
+    devs = tlog.devices()
+    if tuned_on is not None:
+        dev = tlog.match_device(tuned_on)
+        if dev is None:
+            raise TuningLogError(f"--tuned-on '{tuned_on}': tuning log {name} has no records from that machine",
+                                 "pick one of: " + "; ".join(f"'{d}'" for d in devs))
+        return dev
+    here = _this_machine(tgt)
+    dev = tlog.match_device(here)
+    if len(devs) > 1:
+        progress(f"{name} holds timings from {len(devs)} machines; using those of "
+                 f"{dev or tlog.device}{' (this machine)' if dev else ''}, and the others' where it has none")
+    elif here is not None and dev is None:
+        progress(f"note: {name} was tuned on {tlog.device}, this machine is {here}: its kernels may not be the "
+                 f"fastest here (retune: `deploytool tune MODEL -o LOG` on this machine adds its timings to a copy "
+                 f"of the log)")
+    return dev
+
+
+def logs_show(log: str | Path, *, device: str | None = None):
+    """Per-kernel statistics of a log, from one machine's records (``device``; default: the
+    header's machine). ``.devices`` lists every machine of the log."""
     from deploytool import logs
     from deploytool.tuninglog import TuningLog
 
-    return logs.stats(TuningLog.read(log))
+    return logs.stats(TuningLog.read(log), device)
 
 
 def logs_merge(inputs: list[str | Path], output: str | Path):
@@ -572,13 +616,14 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
     return logs.coverage(tlog, task_list)
 
 
-def report(log: str | Path, *, output: str | Path | None = None) -> Path:
-    """Tuning curves of a log as a PNG (default: next to the log)."""
+def report(log: str | Path, *, output: str | Path | None = None, device: str | None = None) -> Path:
+    """Tuning curves of a log as a PNG (default: next to the log), from one machine's records
+    (``device``; default: the header's machine)."""
     from deploytool import logs
     from deploytool.tuninglog import TuningLog
 
     tlog = TuningLog.read(log)
-    return logs.plot(tlog, output or Path(log).with_suffix(".png"))
+    return logs.plot(tlog, output or Path(log).with_suffix(".png"), device=device)
 
 
 def metadata(artifact: str | Path) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def cmd_compile(args) -> int:
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
                     bind_inputs=args.bind_input, dtype=args.dtype, split_k=args.split_k, winograd=args.winograd,
                     tuning_log=args.tuning_log, require_tuned=args.require_tuned, predict=args.predict,
-                    progress=prog)
+                    tuned_on=args.tuned_on, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     if r.artifact.path.is_dir():
         _print_footprint(r.artifact)
@@ -279,7 +279,7 @@ def cmd_logs(args) -> int:
     from deploytool import api
 
     if args.logs_command == "show":
-        st = api.logs_show(args.log)
+        st = api.logs_show(args.log, device=args.device)
     elif args.logs_command == "merge":
         st = api.logs_merge(args.logs, args.output)
         print(f"wrote {args.output}")
@@ -319,6 +319,9 @@ def cmd_logs(args) -> int:
           + (f"; model {h['model']['file']}" if h.get("model") else ""))
     print(f"records    {st.records} in {len(st.workloads)} workloads"
           + (f"; {st.skipped_lines} corrupted line(s) skipped" if st.skipped_lines else ""))
+    if len(st.devices) > 1:
+        print("machines   " + "; ".join(f"{d}: {n} records" for d, n in st.devices.items())
+              + f"\n           (the table shows {st.device}; --device MACHINE for another)")
     print(f"  {'kernel':44s} {'calls':>5s} {'records':>7s} {'failed':>6s} {'untuned ms':>10s} {'best ms':>9s} "
           f"{'speedup':>7s}")
     for w in st.workloads:
@@ -331,7 +334,7 @@ def cmd_logs(args) -> int:
 def cmd_report(args) -> int:
     from deploytool import api
 
-    print(f"wrote {api.report(args.log, output=args.output)}")
+    print(f"wrote {api.report(args.log, output=args.output, device=args.device)}")
     return 0
 
 
@@ -477,6 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bind-input", action="append", metavar="NAME=V1,V2|NAME=FILE.npy",
                    help="make an input a compile-time constant (shape, axes or sizes given as inputs), repeatable")
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
+    s.add_argument("--tuned-on", metavar="MACHINE",
+                   help="a log with timings from several machines: take this one's records (a name `logs show` "
+                        "lists; default: this machine when the target runs here, else the log's first)")
     s.add_argument("--predict", nargs="?", const="pretrained", metavar="FILE",
                    help="schedule kernels without a tuning record by the cost model alone, nothing measured: the "
                         "target family's pretrained model, or FILE")
@@ -531,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     lsub = s.add_subparsers(dest="logs_command", required=True, metavar="ACTION")
     a = lsub.add_parser("show", help="statistics per kernel")
     a.add_argument("log")
+    a.add_argument("--device", metavar="MACHINE", help="a log with timings from several machines: show this one's")
     a.add_argument("--json", action="store_true")
     a = lsub.add_parser("merge", help="combine logs of one target from several runs or machines")
     a.add_argument("logs", nargs="+")
@@ -555,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("report", help="draw a tuning log's curves (best latency vs trials) as a PNG")
     s.add_argument("log")
     s.add_argument("-o", "--output", help="PNG path (default: the log's name with .png)")
+    s.add_argument("--device", metavar="MACHINE", help="a log with timings from several machines: draw this one's")
     s.set_defaults(fn=cmd_report)
 
     def io_args(sp):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,15 +42,27 @@ class LogStats:
     records: int
     skipped_lines: int
     sha256: str
+    device: str = ""                                    # whose latencies the workload rows show
+    devices: dict[str, int] = field(default_factory=dict)  # machine -> records it measured
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "header": self.header, "records": self.records,
-                "skipped_lines": self.skipped_lines, "sha256": self.sha256,
-                "workloads": [w.to_dict() for w in self.workloads]}
+                "skipped_lines": self.skipped_lines, "sha256": self.sha256, "device": self.device,
+                "devices": self.devices, "workloads": [w.to_dict() for w in self.workloads]}
 
 
-def stats(tlog: TuningLog) -> LogStats:
-    per = tlog.by_workload()
+def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
+    """Per-workload statistics of one machine's records: ``device`` (a name from
+    ``tlog.devices()``, or a machine's device_name matched by processor), else the header's."""
+    devs = tlog.devices()
+    if device is not None and tlog.match_device(device) is None:
+        raise TuningLogError(f"tuning log {tlog.path} has no records measured on '{device}'",
+                             "pick one of: " + "; ".join(f"'{d}'" for d in devs))
+    dev = tlog.match_device(device) if device else tlog.device
+    per: dict[str, list[Record]] = {}
+    for r in tlog.records:
+        if tlog.device_of(r) == dev:
+            per.setdefault(r.workload, []).append(r)
     out = []
     for h, recs in per.items():
         w = tlog.workloads.get(h)
@@ -60,7 +73,7 @@ def stats(tlog: TuningLog) -> LogStats:
                                  default_s=min(dflt) if dflt else None, best_s=min(ok) if ok else None))
     out.sort(key=lambda s: -(s.best_s or 0) * s.calls)
     return LogStats(path=str(tlog.path), header=tlog.header, workloads=out, records=len(tlog.records),
-                    skipped_lines=tlog.skipped, sha256=tlog.sha256())
+                    skipped_lines=tlog.skipped, sha256=tlog.sha256(), device=dev, devices=devs)
 
 
 def _calls(w) -> int:
@@ -68,7 +81,9 @@ def _calls(w) -> int:
 
 
 def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
-    """Combine logs of ONE target (from several runs or machines): every distinct record is kept."""
+    """Combine logs of ONE target (from several runs or machines): every distinct record is kept,
+    with the machine that measured it (the first log's header names the default machine; a record
+    of another machine carries its ``device``)."""
     if not logs:
         raise TuningLogError("nothing to merge", "pass two or more logs")
     key = logs[0].target_key
@@ -78,26 +93,31 @@ def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
                                  f"'{logs[0].target_name}'", "merge only logs of the same target")
     header = dict(logs[0].header)
     header["merged_from"] = [str(lg.path) for lg in logs]
+    home = logs[0].device
     workloads, seen, records = {}, set(), []
     for lg in logs:
         for h, w in lg.workloads.items():
             workloads.setdefault(h, w)
         for r in lg.records:
-            k = (r.workload, r.candidate, r.time, tuple(r.latency_s or ()))
+            dev = lg.device_of(r)
+            k = (r.workload, r.candidate, r.time, tuple(r.latency_s or ()), dev)
             if k not in seen:
                 seen.add(k)
-                records.append(r)
+                records.append(dataclasses.replace(r, device=None if dev == home else dev))
     write_log(output, header, workloads.values(), records)
     return TuningLog.read(output)
 
 
 def prune(tlog: TuningLog, keep: int, output: str | Path | None = None) -> tuple[TuningLog, int]:
-    """Keep the ``keep`` best valid records per workload (and its default-schedule record, the
-    baseline); failures go. Returns the new log and how many records were dropped."""
+    """Keep the ``keep`` best valid records per workload and machine (and its default-schedule
+    record, the baseline); failures go. Returns the new log and how many records were dropped."""
     if keep < 1:
         raise TuningLogError(f"--keep {keep} would drop every record", "keep at least 1 record per workload")
     kept: list[Record] = []
-    for _h, recs in tlog.by_workload().items():
+    groups: dict[tuple[str, str], list[Record]] = {}
+    for r in tlog.records:
+        groups.setdefault((r.workload, tlog.device_of(r)), []).append(r)
+    for _k, recs in groups.items():
         best = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)[:keep]
         ids = {id(r) for r in best}
         ids |= {id(r) for r in recs if r.source == "default" and r.ok}
@@ -127,10 +147,13 @@ def coverage(tlog: TuningLog, task_list) -> Coverage:
     return cov
 
 
-def curves(tlog: TuningLog) -> tuple[list[tuple[int, float]], dict[str, list[tuple[int, float]]]]:
-    """Tuning curves from a log, in record order: the estimated end-to-end latency (sum over
-    workloads of best-so-far x calls) after each search trial, and per workload (best so far vs
-    its own trials). A workload's default-schedule record is its starting point."""
+def curves(tlog: TuningLog, device: str | None = None) -> tuple[list[tuple[int, float]],
+                                                                dict[str, list[tuple[int, float]]]]:
+    """Tuning curves from one machine's records (``device``, else the header's), in record order:
+    the estimated end-to-end latency (sum over workloads of best-so-far x calls) after each search
+    trial, and per workload (best so far vs its own trials). A workload's default-schedule record
+    is its starting point."""
+    dev = tlog.match_device(device) if device else tlog.device
     best: dict[str, float] = {}
     per: dict[str, list[tuple[int, float]]] = {}
     n_per: dict[str, int] = {}
@@ -138,6 +161,8 @@ def curves(tlog: TuningLog) -> tuple[list[tuple[int, float]], dict[str, list[tup
     calls = {h: _calls(w) for h, w in tlog.workloads.items()}
     n = 0
     for r in tlog.records:
+        if tlog.device_of(r) != dev:
+            continue
         cur = best.get(r.workload, math.inf)
         if r.ok and r.seconds < cur:
             best[r.workload] = r.seconds
@@ -151,15 +176,17 @@ def curves(tlog: TuningLog) -> tuple[list[tuple[int, float]], dict[str, list[tup
     return total, per
 
 
-def plot(tlog: TuningLog, output: str | Path, top: int = 8) -> Path:
-    """Draw the tuning curves as a PNG: end to end (estimated) and the ``top`` heaviest kernels."""
+def plot(tlog: TuningLog, output: str | Path, top: int = 8, device: str | None = None) -> Path:
+    """Draw one machine's tuning curves as a PNG: end to end (estimated) and the ``top`` heaviest
+    kernels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    total, per = curves(tlog)
-    st = {w.hash: w for w in stats(tlog).workloads}
+    s = stats(tlog, device)
+    total, per = curves(tlog, s.device)
+    st = {w.hash: w for w in s.workloads}
     fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
     if total:
         xs, ys = zip(*total)
@@ -181,7 +208,8 @@ def plot(tlog: TuningLog, output: str | Path, top: int = 8) -> Path:
     b.set_title(f"the {len(heavy)} heaviest kernels")
     b.grid(alpha=0.3, which="both")
     b.legend(fontsize=7)
-    fig.suptitle(f"{Path(str(tlog.path)).name} -- target {tlog.target_name}")
+    fig.suptitle(f"{Path(str(tlog.path)).name} -- target {tlog.target_name}"
+                 + (f", measured on {s.device}" if len(s.devices) > 1 else ""))
     fig.tight_layout()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -317,15 +317,17 @@ def workload_hash(func) -> str:
     return kernel_hash(func.without_attr("global_symbol"))
 
 
-def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None, require_tuned: bool = False):
-    """Schedule every task that has a record in ``tuning_log`` with its best record's trace.
+def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None, require_tuned: bool = False,
+                     device: str | None = None):
+    """Schedule every task that has a record in ``tuning_log`` with its best record's trace (among
+    the records of machine ``device`` where it has some: see TuningLog.best_by_workload).
     ``report`` gets kernel name -> "tuned". With ``require_tuned``, a task without a record is a
     TuningLogError naming every such kernel (CI mode)."""
     from deploytool.schedules.space import as_scheduled, replay_trace, unscheduled_kernels, workload_module
     from deploytool.tuninglog import TuningLogError
 
     tuning_log.check_target(target)
-    best = tuning_log.best_by_workload()
+    best = tuning_log.best_by_workload(device)
     missing, updated = [], {}
     for gv, func in unscheduled_kernels(mod):
         rec = best.get(workload_hash(func))
@@ -352,7 +354,7 @@ def apply_tuning_log(mod, target: Target, tuning_log, report: dict | None = None
 
 
 def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, require_tuned: bool = False,
-             predict_model=None):
+             predict_model=None, device: str | None = None):
     """Apply schedules to every task: the tuning log's best record where it has one, then (with
     ``predict_model``) the schedule the cost model ranks first (deploytool.predict), else the
     default (untuned) schedule from schedules/. ``report`` receives kernel name -> "tuned",
@@ -360,7 +362,7 @@ def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, r
     from deploytool import schedules
 
     if tuning_log is not None:
-        mod, _ = apply_tuning_log(mod, target, tuning_log, report, require_tuned)
+        mod, _ = apply_tuning_log(mod, target, tuning_log, report, require_tuned, device)
     if predict_model is not None:
         from deploytool.predict import predict_schedules
 

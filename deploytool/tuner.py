@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
-from deploytool.tuninglog import LogWriter, Record, TuningLog, TuningLogError, Workload, make_header, to_py
+from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
+                                  to_py)
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,19 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     if old is not None and old.header.get("measure") != header["measure"]:
         log.warning("tuning log %s was measured with %s; this run measures with %s: their latencies are "
                     "not strictly comparable", log_path, old.header.get("measure"), header["measure"])
+    # a log of another machine (or of several): only this machine's records count as measured here;
+    # the others' best candidates are re-measured here first (as --retime-from would), and this
+    # run's records name their machine (see deploytool.tuninglog)
+    here = device_name(header["device"])
+    foreign = None
+    if old is not None:
+        mine = [r for r in old.records if old.device_of(r) == here]
+        others = [r for r in old.records if old.device_of(r) != here and r.workload in by_hash]
+        if others:
+            foreign = TuningLog(path=log_path, header=old.header, workloads=old.workloads, records=others)
+            log.info("tuning log %s holds timings from %s; this machine (%s) re-measures their best candidates",
+                     log_path, ", ".join(d for d in old.devices() if d != here), here)
+        old = TuningLog(path=log_path, header=old.header, workloads=old.workloads, records=mine, skipped=old.skipped)
     measured: dict[str, Record] = {}
     resumed = 0
     if old is not None:
@@ -242,6 +256,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 if r.ok and r.seconds < st.best_s:
                     st.best_s = r.seconds
     writer = LogWriter(log_path, header, known_workloads=old.workloads if old else ())
+    tag = here if old is not None and here != old.device else None  # the file's header names another machine
     wmods = {}
     for st in states:
         wmods[st.workload] = workload_module(funcs[st.workload])
@@ -253,7 +268,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 
     def record(st: TaskState, cand_hash: str, trace, out: Outcome, source: str) -> Record:
         r = Record(workload=st.workload, candidate=cand_hash, trace=trace, latency_s=out.latency_s,
-                   error=out.error, source=source, target_key=tkey)
+                   error=out.error, source=source, target_key=tkey, device=tag)
         writer.record(r)
         measured[cand_hash] = r
         return r
@@ -278,10 +293,13 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
                     st.best_s = r.seconds
-        if retime_src is not None:
-            n = _retime(retime_src, opts.retime_top, states, wmods, measured, measurer, record)
-            if n:
-                old = TuningLog.read(log_path)  # the cost model starts from the re-measured records
+        n = 0
+        for src in (foreign, retime_src):
+            if src is not None:
+                n += _retime(src, opts.retime_top, states, wmods, measured, measurer, record)
+        if n:  # the cost model starts from the re-measured records
+            old = TuningLog.read(log_path)
+            old.records = [r for r in old.records if old.device_of(r) == here] or old.records
         for st in states:
             st.round_best.append(st.best_s)
             st.curve.append((st.trials, st.best_s))

@@ -17,6 +17,14 @@
 Which targets are compatible: a log serves a build whose TVM target has the same kind, triple,
 CPU and attributes (``target_key``). The core count is not part of the key: the schedules are
 valid anywhere, and the header records the machine the latencies were measured on.
+
+One log, several machines: latencies are only comparable on the machine that measured them (the
+same x86-avx512 kernels rank differently on an AMD EPYC and on an Intel Xeon). A record's machine
+is its ``device`` field (a name, see ``device_name``), else the header's device. ``tune`` resuming a
+log on another machine writes its records with ``device`` set; ``merge`` sets it on every record
+when its inputs come from different machines. The best record of a kernel is chosen among one
+machine's records: the preferred machine's when it has any for that kernel (``compile`` prefers
+the host it runs on), else the header's machine, else any.
 """
 
 from __future__ import annotations
@@ -77,6 +85,7 @@ class Record:
     source: str = "search"
     target_key: str = ""
     time: float = 0.0
+    device: str | None = None   # the machine that measured it (device_name), when not the header's
 
     @property
     def ok(self) -> bool:
@@ -92,9 +101,26 @@ class Record:
         return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "record", "workload": self.workload, "target_key": self.target_key,
-                "candidate": self.candidate, "source": self.source, "trace": self.trace,
-                "latency_s": self.latency_s, "error": self.error, "time": self.time}
+        d = {"type": "record", "workload": self.workload, "target_key": self.target_key,
+             "candidate": self.candidate, "source": self.source, "trace": self.trace,
+             "latency_s": self.latency_s, "error": self.error, "time": self.time}
+        if self.device:
+            d["device"] = self.device
+        return d
+
+
+def device_name(device: dict[str, Any] | None) -> str:
+    """The machine a latency was measured on, as a name: the GPU's on a GPU, else the CPU model
+    (the board's over RPC) with the thread count the kernels ran on."""
+    d = device or {}
+    if d.get("gpu"):
+        return str(d["gpu"])
+    cpu = str(d.get("cpu") or d.get("arch") or "unknown machine")
+    return f"{cpu}, {d['threads']} threads" if d.get("threads") else cpu
+
+
+def _processor(name: str) -> str:
+    return name.split(", ", 1)[0]
 
 
 @dataclass
@@ -136,7 +162,8 @@ class TuningLog:
                         records.append(Record(workload=obj["workload"], candidate=obj["candidate"], trace=obj["trace"],
                                               latency_s=obj["latency_s"], error=obj.get("error"),
                                               source=obj.get("source", "search"),
-                                              target_key=obj.get("target_key", ""), time=obj.get("time", 0.0)))
+                                              target_key=obj.get("target_key", ""), time=obj.get("time", 0.0),
+                                              device=obj.get("device") or None))
                     else:
                         raise ValueError(kind)
                 except (ValueError, KeyError, TypeError):
@@ -179,20 +206,50 @@ class TuningLog:
             out.setdefault(r.workload, []).append(r)
         return out
 
-    def best(self, workload: str) -> Record | None:
-        """The best valid record of a workload: lowest median latency, earliest on ties."""
-        best = None
-        for r in self.records:
-            if r.workload == workload and r.ok and (best is None or r.seconds < best.seconds):
-                best = r
-        return best
+    @property
+    def device(self) -> str:
+        """The header's machine (device_name): the one a record without its own ``device`` came from."""
+        return device_name(self.header.get("device"))
 
-    def best_by_workload(self) -> dict[str, Record]:
-        best: dict[str, Record] = {}
+    def device_of(self, r: Record) -> str:
+        return r.device or self.device
+
+    def devices(self) -> dict[str, int]:
+        """Machine name -> how many records it measured, header's machine first."""
+        out: dict[str, int] = {self.device: 0}
         for r in self.records:
-            if r.ok and (r.workload not in best or r.seconds < best[r.workload].seconds):
-                best[r.workload] = r
-        return best
+            d = self.device_of(r)
+            out[d] = out.get(d, 0) + 1
+        return {d: n for d, n in out.items() if n} or {self.device: 0}
+
+    def match_device(self, name: str | None) -> str | None:
+        """The machine of this log that ``name`` (device_name of a machine) should take its records
+        from: the same name, else the same processor with another thread count; None if neither."""
+        if not name:
+            return None
+        devs = self.devices()
+        if name in devs:
+            return name
+        same = [d for d in devs if _processor(d) == _processor(name)]
+        return max(same, key=devs.get) if same else None
+
+    def best(self, workload: str, device: str | None = None) -> Record | None:
+        """The best valid record of a workload (lowest median latency, earliest on ties) among one
+        machine's records: ``device``'s if it has any, else the header's machine's, else any."""
+        return self.best_by_workload(device).get(workload)
+
+    def best_by_workload(self, device: str | None = None) -> dict[str, Record]:
+        prefs = [d for d in (device, self.device) if d]
+        best: dict[str, tuple[int, float, Record]] = {}
+        for r in self.records:
+            if not r.ok:
+                continue
+            d = self.device_of(r)
+            rank = prefs.index(d) if d in prefs else len(prefs)
+            cur = best.get(r.workload)
+            if cur is None or (rank, r.seconds) < cur[:2]:
+                best[r.workload] = (rank, r.seconds, r)
+        return {h: v[2] for h, v in best.items()}
 
 
 def _short(key: str) -> str:

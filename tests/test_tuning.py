@@ -206,6 +206,81 @@ def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_pa
     assert r.code == 2 and "was made for target 'cuda'" in r.err and not other.exists()
 
 
+def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
+    """A log measured on another machine: compile says so; tune resuming it here measures the
+    defaults again and re-measures the other machine's best candidates (its timings are not
+    trusted here), its records name this machine; compile then takes this machine's records,
+    --tuned-on the other's; show, prune and merge keep the machines apart."""
+    import dataclasses
+
+    from deploytool.tuninglog import device_name, write_log
+
+    log, _ = tuned
+    mine = _read(log)
+    here = mine.device
+    other_dev = {"kind": "local", "arch": "x86_64", "cpu": "Other CPU 9000", "threads": 2}
+    other = device_name(other_dev)
+    # the other machine ranks the candidates the other way round
+    recs = [dataclasses.replace(r, latency_s=[1.0 / x for x in r.latency_s]) if r.ok else r for r in mine.records]
+    log2 = tmp_path / "two.jsonl"
+    write_log(log2, dict(mine.header, device=other_dev), mine.workloads.values(), recs)
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log2, "-o", tmp_path / "a.so")
+    assert r.code == 0, r
+    assert f"was tuned on {other}, this machine is" in r.err
+
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log2, "--trials-per-task", "2", "--retime-top", "2",
+            "--repeat", "2", "--min-repeat-ms", "2", "-q")
+    assert r.code == 0, r
+    two = _read(log2)
+    assert set(two.devices()) == {other, here} and two.device == other
+    assert len(two.records) > len(recs)
+    new = two.records[len(recs):]
+    assert all(x.device == here for x in new)
+    src, counts = two.by_workload(), {}
+    for wl in mine.workloads:
+        theirs = [x for x in src[wl] if two.device_of(x) == other]
+        ours = [x for x in src[wl] if two.device_of(x) == here]
+        assert sum(1 for x in ours if x.source == "default") == 1  # the baseline measured again here
+        top = sorted((x for x in theirs if x.ok and x.source != "default"), key=lambda x: x.seconds)[:2]
+        assert sorted(x.candidate for x in ours if x.source != "default") == sorted(x.candidate for x in top)
+        counts[wl] = len(ours)
+    assert all(two.device_of(x) == here for x in two.best_by_workload(here).values())
+    assert all(two.device_of(x) == other for x in two.best_by_workload().values())  # the header's machine
+
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log2, "--require-tuned", "-o", tmp_path / "b.so")
+    assert r.code == 0, r
+    assert f"holds timings from 2 machines; using those of {here} (this machine)" in r.err
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log2, "--tuned-on", "Other CPU 9000",
+            "-o", tmp_path / "c.so")
+    assert r.code == 0, r
+    assert cli("run", tmp_path / "c.so", "--check", tiny_model).code == 0
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log2, "--tuned-on", "Nope", "-o", tmp_path / "d.so")
+    assert r.code == 2 and "has no records from that machine" in r.err and other in r.err
+
+    r = cli("logs", "show", log2, "--device", here, "--json")
+    assert r.code == 0, r
+    st = json.loads(r.out)
+    assert st["device"] == here and set(st["devices"]) == {here, other}
+    assert {w["hash"]: w["records"] for w in st["workloads"]} == counts  # this machine's records only
+    assert cli("logs", "show", log2, "--device", "Nope").code == 2
+    r = cli("logs", "prune", log2, "--keep", "1", "-o", tmp_path / "pruned.jsonl")
+    assert r.code == 0, r
+    p = _read(tmp_path / "pruned.jsonl")
+    assert set(p.devices()) == {here, other}
+    for d in (here, other):
+        assert {h: x.candidate for h, x in p.best_by_workload(d).items()} == \
+            {h: x.candidate for h, x in two.best_by_workload(d).items()}
+    # merging it with this machine's own log: that log's header names this machine, the other
+    # machine's records carry their name
+    r = cli("logs", "merge", log, tmp_path / "pruned.jsonl", "-o", tmp_path / "merged.jsonl")
+    assert r.code == 0, r
+    m = _read(tmp_path / "merged.jsonl")
+    assert m.device == here and set(m.devices()) == {here, other}
+    assert all(x.device in (None, other) for x in m.records)
+    assert {h: x.candidate for h, x in m.best_by_workload(other).items()} == \
+        {h: x.candidate for h, x in two.best_by_workload(other).items()}
+
+
 def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, tmp_path, cli):
     """tune --first-round 1 with a total budget of one search trial per kernel: every kernel gets its
     one probe (without it, the heaviest kernels take full rounds of 4 and some get none)."""
