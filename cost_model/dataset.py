@@ -35,8 +35,10 @@ def context(mod, target):
 
 
 def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) -> list[Group]:
-    """One Group per workload of ``tlog`` with at least ``min_records`` replayable records
-    (``featurize=False``: without our features, for a model that makes its own)."""
+    """One Group per workload (and machine: latencies rank only within one machine's records) of
+    ``tlog`` with at least ``min_records`` replayable records (``featurize=False``: without our
+    features, for a model that makes its own). A group of another machine than the header's is
+    named ``<hash>@<machine>``."""
     import tvm
 
     from deploytool.cost_model import features as F
@@ -44,7 +46,10 @@ def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) 
 
     fe = F.extractor()
     out = []
-    for h, recs in tlog.by_workload().items():
+    per: dict[tuple[str, str], list] = {}
+    for r in tlog.records:
+        per.setdefault((r.workload, tlog.device_of(r)), []).append(r)
+    for (h, dev), recs in per.items():
         w = tlog.workloads.get(h)
         if w is None or len(recs) < min_records:
             continue
@@ -58,7 +63,8 @@ def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) 
             lats.append(r.seconds if r.ok else 1e10)
         if len(schs) < min_records:
             continue
-        g = Group(h, w.name, mod, schs, np.array(lats), np.zeros((0, F.LENGTH), np.float32))
+        g = Group(h if dev == tlog.device else f"{h}@{dev}", w.name, mod, schs, np.array(lats),
+                  np.zeros((0, F.LENGTH), np.float32))
         if featurize:
             g.feats = F.from_candidates(context(mod, target), g.candidates(), fe)
         out.append(g)
