@@ -183,6 +183,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
+    _check_winograd(tgt, dtype, winograd)
     if output is None:
         output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
     if require_tuned and tuning_log is None:
@@ -464,6 +465,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
+    _check_winograd(tgt, dtype, winograd)
     spec = _device_spec(device)
     if tgt.family == "cuda":
         from deploytool import cuda
@@ -533,6 +535,14 @@ def _cost_model_file(choice: str, tgt):
 
 
 # ----------------------------------------------------------------------------- logs
+def _check_winograd(tgt, dtype: str, winograd: bool) -> None:
+    from deploytool import pipeline
+
+    if winograd and not pipeline.winograd_applies(tgt, dtype, winograd):
+        raise InputError(f"--winograd: Winograd convolutions are for CPU targets (x86, arm) in float32, not "
+                         f"{tgt.name} in {dtype}", "drop --winograd")
+
+
 def _this_machine(tgt) -> str | None:
     """device_name of this machine, when ``tgt`` runs on it: its GPU for a CUDA target, its CPU
     for a CPU target of this architecture that is not reached over RPC; else None."""
@@ -606,6 +616,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
 
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
+    _check_winograd(tgt, dtype, winograd)
     tlog.check_target(tgt)
     if tlog.header.get("emulated") and not allow_emulated:
         raise TuningLogError(f"tuning log {log} was measured on an emulated board ({tlog.header['emulated']}): its "

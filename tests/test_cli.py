@@ -161,6 +161,14 @@ def test_error_target_not_available_yet(cli, tiny_model, tmp_path):
                           "issue #99")
 
 
+@pytest.mark.parametrize("cmd,target,dtype", [("compile", "cuda", "float32"), ("tune", "x86", "float16"),
+                                               ("compile", "cortex-m4", "float32")])
+def test_error_winograd_where_it_does_not_apply(cli, tiny_model, tmp_path, cmd, target, dtype):
+    r = cli(cmd, tiny_model, "--target", target, "--dtype", dtype, "--winograd", "-o", tmp_path / "x")
+    assert_one_line_error(r, "--winograd: Winograd convolutions are for CPU targets", "drop --winograd")
+    assert not (tmp_path / "x").exists()
+
+
 def test_error_dynamic_shape(cli, tmp_path):
     p = make_tiny_model(tmp_path / "d.onnx", dynamic_batch=True)
     assert_one_line_error(cli("compile", p, "-o", tmp_path / "d.so"), "dynamic dims", "--input-shape in/img:N,3,8,8")
