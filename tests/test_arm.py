@@ -209,7 +209,7 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
 
     log = tmp_path / "tiny-arm.jsonl"
     b = emulator.start("arm")
-    args = [tiny_model, "--target", "arm", "--rpc", b.address, "--trials", "40", "--trials-per-task", "40",
+    args = [tiny_model, "--target", "arm", "--rpc", b.address, "--trials", "24", "--trials-per-task", "24",
             "--early-stop", "0", *FEW, "-o", log, "-q"]
     p = _tune_proc(*args)
     try:
@@ -236,7 +236,7 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
     assert after[:len(before)] == before  # append-only
     cands = [r["candidate"] for r in after]
     assert len(cands) == len(set(cands)), "a candidate was measured twice"
-    assert sum(1 for r in after if r["source"] == "search") >= 20
+    assert sum(1 for r in after if r["source"] == "search") >= 16
 
 
 def test_farm_goes_on_when_a_board_dies(tmp_path, tiny_model):
@@ -258,14 +258,14 @@ def test_farm_goes_on_when_a_board_dies(tmp_path, tiny_model):
                 break
             time.sleep(0.5)
         p = _tune_proc(tiny_model, "--target", "arm", "--tracker", f"127.0.0.1:{tport}", "--key", "pi",
-                       "--trials", "40", "--trials-per-task", "40", "--early-stop", "0", *FEW, "-o", log)
+                       "--trials", "24", "--trials-per-task", "24", "--early-stop", "0", *FEW, "-o", log)
         _wait_records(log, 14, p)
         boards[0].stop()
         out, err = p.communicate(timeout=600)
         assert p.returncode == 0, err
         assert "measuring on 2 boards under key 'pi'" in err and f"board 127.0.0.1:{boards[0].port} lost" in err, err
         recs = _records(log)
-        assert sum(1 for r in recs if r["source"] == "search") >= 20
+        assert sum(1 for r in recs if r["source"] == "search") >= 16  # well past the 14 records at the loss
         assert not [r for r in recs if r["error"] and "session" in r["error"]], "a candidate was not measured again"
         header = json.loads(log.read_text().splitlines()[0])
         assert header["device"]["boards"] == 2 and header["device"]["key"] == "pi"

@@ -16,6 +16,8 @@ from conftest import REPO, make_tiny_model
 
 pytestmark = pytest.mark.tuning
 
+# tests on the module fixture `tuned` share one xdist worker, so that it is tuned once, not once per worker
+_TUNED = pytest.mark.xdist_group("tuned")
 TINY = ["--trials-per-task", "4", "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2"]
 
 
@@ -35,6 +37,7 @@ def _read(log):
     return TuningLog.read(log)
 
 
+@_TUNED
 def test_log_layout(tuned):
     log, summary = tuned
     lines = [json.loads(x) for x in log.read_text().splitlines()]
@@ -54,6 +57,7 @@ def test_log_layout(tuned):
     assert len(cands) == len(set(cands))
 
 
+@_TUNED
 def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
     """The summary's best per kernel is the log's best, and compile --tuning-log applies exactly
     that record (same scheduled kernel); the build passes the onnxruntime check."""
@@ -86,6 +90,7 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
     assert r.code == 0, r
 
 
+@_TUNED
 def test_same_log_same_code(tuned, tiny_model):
     """Two builds from one log generate identical machine code."""
     from deploytool import pipeline, targets
@@ -102,6 +107,7 @@ def test_same_log_same_code(tuned, tiny_model):
     assert codes[0] and codes[0] == codes[1]
 
 
+@_TUNED
 def test_other_target_refused(tuned, tiny_model, tmp_path, cli):
     log, _ = tuned
     r = cli("compile", tiny_model, "--target", "x86-avx2", "--tuning-log", log, "-q", "-o", tmp_path / "x.so")
@@ -110,6 +116,7 @@ def test_other_target_refused(tuned, tiny_model, tmp_path, cli):
     assert len(r.err.strip().splitlines()) == 1
 
 
+@_TUNED
 def test_require_tuned_lists_missing(tuned, tmp_path, cli):
     log, _ = tuned
     other = make_tiny_model(tmp_path / "other.onnx", extra_ops=("Tanh",))
@@ -124,6 +131,7 @@ def test_require_tuned_lists_missing(tuned, tmp_path, cli):
     assert r.code == 1 and "missing" in r.out
 
 
+@_TUNED
 def test_logs_check_show_report(tuned, tiny_model, tmp_path, cli):
     log, summary = tuned
     r = cli("logs", "check", log, tiny_model, "--target", "x86")
@@ -138,6 +146,7 @@ def test_logs_check_show_report(tuned, tiny_model, tmp_path, cli):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@_TUNED
 def test_corrupted_lines_skipped(tuned, tmp_path, tiny_model, cli, caplog):
     log, _ = tuned
     lines = log.read_text().splitlines(keepends=True)
@@ -152,6 +161,7 @@ def test_corrupted_lines_skipped(tuned, tmp_path, tiny_model, cli, caplog):
     assert r.code == 0, r
 
 
+@_TUNED
 def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
     from deploytool.tuninglog import write_log
 
@@ -181,6 +191,7 @@ def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
     assert r.code == 2 and "merge only logs of the same target" in r.err
 
 
+@_TUNED
 def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_path, cli):
     """tune --retime-from: the other log's best candidates per kernel, measured again with this
     run's settings, are the new log's first trials (here the whole budget: no search)."""
@@ -206,6 +217,7 @@ def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_pa
     assert r.code == 2 and "was made for target 'cuda'" in r.err and not other.exists()
 
 
+@_TUNED
 def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
     """A log measured on another machine: compile says so; tune resuming it here measures the
     defaults again and re-measures the other machine's best candidates (its timings are not
@@ -281,6 +293,7 @@ def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
         {h: x.candidate for h, x in two.best_by_workload(other).items()}
 
 
+@_TUNED
 def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, tmp_path, cli):
     """tune --first-round 1 with a total budget of one search trial per kernel: every kernel gets its
     one probe (without it, the heaviest kernels take full rounds of 4 and some get none)."""
@@ -363,7 +376,7 @@ def test_kill9_resumes(tmp_path, tiny_model):
     behind; rerunning the same command measures nothing twice and finishes the budget."""
     log = tmp_path / "k.jsonl"
     cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
-           "--trials-per-task", "12", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
+           "--trials-per-task", "8", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
            "--json"]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     workers = _running_with_search_records(p, log, 4)
@@ -384,7 +397,7 @@ def test_kill9_resumes(tmp_path, tiny_model):
     cands = [(x.workload, x.candidate) for x in after.records]
     assert len(cands) == len(set(cands)), "a candidate was measured twice"
     for t in summary["tasks"]:
-        assert t["trials"] >= 12 or t["done"] != "budget", t
+        assert t["trials"] >= 8 or t["done"] != "budget", t
     assert summary["trials_new"] == sum(1 for r in after.records if r.source == "search") - n_before
 
 
