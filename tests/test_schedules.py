@@ -13,6 +13,8 @@ from deploytool.schedules import cpu
     (64, 56, 16, 32, (32, 8)),     # AVX-512: two vectors x 8 rows
     (64, 56, 8, 16, (16, 4)),      # AVX2: half the registers, half the rows
     (1000, 13, 16, 32, (8, 13)),   # 1000 = 8 x 125 lanes; prime width 13: all 13 rows, one vector
+    (1024, 13, 16, 32, (32, 13)),  # prime width 13: all 13 rows, two vectors (two registers spare)
+    (64, 14, 16, 32, (32, 7)),     # 14 x 2 would leave none: 7 x 2
     (3, 224, 16, 32, (3, 14)),     # tiny channel counts: one part-vector, many rows
 ])
 def test_register_tile(C, W, lanes, regs, expect):
