@@ -598,12 +598,13 @@ def logs_merge(inputs: list[str | Path], output: str | Path):
     return logs.stats(logs.merge([TuningLog.read(p) for p in inputs], output))
 
 
-def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = None):
-    """Keep the ``keep`` best records per workload. Returns (stats, records dropped)."""
+def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = None, device: str | None = None):
+    """Keep the ``keep`` best records per workload and machine (``device``: prune only that
+    machine's). Returns (stats, records dropped)."""
     from deploytool import logs
     from deploytool.tuninglog import TuningLog
 
-    new, dropped = logs.prune(TuningLog.read(log), keep, output)
+    new, dropped = logs.prune(TuningLog.read(log), keep, output, device)
     return logs.stats(new), dropped
 
 

@@ -284,7 +284,7 @@ def cmd_logs(args) -> int:
         st = api.logs_merge(args.logs, args.output)
         print(f"wrote {args.output}")
     elif args.logs_command == "prune":
-        st, dropped = api.logs_prune(args.log, keep=args.keep, output=args.output)
+        st, dropped = api.logs_prune(args.log, keep=args.keep, output=args.output, device=args.device)
         print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
     else:
         cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape, dtype=args.dtype,
@@ -546,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = lsub.add_parser("prune", help="keep the best K records per kernel (and its untuned baseline)")
     a.add_argument("log")
     a.add_argument("--keep", type=int, default=1)
+    a.add_argument("--device", metavar="MACHINE", help="prune only this machine's records (a name `logs show` lists)")
     a.add_argument("-o", "--output", help="write here instead of rewriting the log")
     a.add_argument("--json", action="store_true")
     a = lsub.add_parser("check", help="does the log cover every kernel of a model for a target? (exit 1 if not)")

@@ -108,16 +108,27 @@ def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
     return TuningLog.read(output)
 
 
-def prune(tlog: TuningLog, keep: int, output: str | Path | None = None) -> tuple[TuningLog, int]:
+def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
+          device: str | None = None) -> tuple[TuningLog, int]:
     """Keep the ``keep`` best valid records per workload and machine (and its default-schedule
-    record, the baseline); failures go. Returns the new log and how many records were dropped."""
+    record, the baseline); failures go. With ``device``, only that machine's records are pruned.
+    Returns the new log and how many records were dropped."""
     if keep < 1:
         raise TuningLogError(f"--keep {keep} would drop every record", "keep at least 1 record per workload")
+    only = None
+    if device is not None:
+        only = tlog.match_device(device)
+        if only is None:
+            raise TuningLogError(f"tuning log {tlog.path} has no records measured on '{device}'",
+                                 "pick one of: " + "; ".join(f"'{d}'" for d in tlog.devices()))
     kept: list[Record] = []
     groups: dict[tuple[str, str], list[Record]] = {}
     for r in tlog.records:
         groups.setdefault((r.workload, tlog.device_of(r)), []).append(r)
-    for _k, recs in groups.items():
+    for (_h, dev), recs in groups.items():
+        if only is not None and dev != only:
+            kept += recs
+            continue
         best = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)[:keep]
         ids = {id(r) for r in best}
         ids |= {id(r) for r in recs if r.source == "default" and r.ok}

@@ -282,6 +282,10 @@ def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
     for d in (here, other):
         assert {h: x.candidate for h, x in p.best_by_workload(d).items()} == \
             {h: x.candidate for h, x in two.best_by_workload(d).items()}
+    r = cli("logs", "prune", log2, "--keep", "1", "--device", here, "-o", tmp_path / "pruned-here.jsonl")
+    assert r.code == 0, r
+    ph = _read(tmp_path / "pruned-here.jsonl")
+    assert ph.devices()[other] == two.devices()[other] and ph.devices()[here] == p.devices()[here]
     # merging it with this machine's own log: that log's header names this machine, the other
     # machine's records carry their name
     r = cli("logs", "merge", log, tmp_path / "pruned.jsonl", "-o", tmp_path / "merged.jsonl")
