@@ -16,12 +16,13 @@ from conftest import REPO, make_tiny_model
 
 pytestmark = pytest.mark.tuning
 
-# tests on the module fixture `tuned` share one xdist worker, so that it is tuned once, not once per worker
+# tests on the fixture `tuned` share one xdist worker (--dist loadgroup; pytest < 9.2, see
+# pyproject.toml), so the session-scoped fixture is tuned once, not once per worker
 _TUNED = pytest.mark.xdist_group("tuned")
 TINY = ["--trials-per-task", "4", "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tuned(tmp_path_factory, cli, tiny_model):
     """The tiny model tuned for the host (x86) with 4 trials per kernel."""
     d = tmp_path_factory.mktemp("tuned")
