@@ -46,10 +46,7 @@ def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) 
 
     fe = F.extractor()
     out = []
-    per: dict[tuple[str, str], list] = {}
-    for r in tlog.records:
-        per.setdefault((r.workload, tlog.device_of(r)), []).append(r)
-    for (h, dev), recs in per.items():
+    for (h, dev), recs in tlog.by_workload_and_device().items():
         w = tlog.workloads.get(h)
         if w is None or len(recs) < min_records:
             continue

@@ -561,15 +561,9 @@ def _this_machine(tgt) -> str | None:
 
 def _records_machine(tlog, tgt, tuned_on: str | None, name: str, progress: Progress) -> str | None:
     """Which machine's records a build takes (see compile), saying so when it matters."""
-    from deploytool.tuninglog import TuningLogError
-
-    devs = tlog.devices()
     if tuned_on is not None:
-        dev = tlog.match_device(tuned_on)
-        if dev is None:
-            raise TuningLogError(f"--tuned-on '{tuned_on}': tuning log {name} has no records from that machine",
-                                 "pick one of: " + "; ".join(f"'{d}'" for d in devs))
-        return dev
+        return tlog.require_device(tuned_on, "--tuned-on")
+    devs = tlog.devices()
     here = _this_machine(tgt)
     dev = tlog.match_device(here)
     if len(devs) > 1:

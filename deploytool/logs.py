@@ -54,15 +54,8 @@ class LogStats:
 def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
     """Per-workload statistics of one machine's records: ``device`` (a name from
     ``tlog.devices()``, or a machine's device_name matched by processor), else the header's."""
-    devs = tlog.devices()
-    if device is not None and tlog.match_device(device) is None:
-        raise TuningLogError(f"tuning log {tlog.path} has no records measured on '{device}'",
-                             "pick one of: " + "; ".join(f"'{d}'" for d in devs))
-    dev = tlog.match_device(device) if device else tlog.device
-    per: dict[str, list[Record]] = {}
-    for r in tlog.records:
-        if tlog.device_of(r) == dev:
-            per.setdefault(r.workload, []).append(r)
+    dev = tlog.require_device(device, "--device") if device is not None else tlog.device
+    per = {h: recs for (h, d), recs in tlog.by_workload_and_device().items() if d == dev}
     out = []
     for h, recs in per.items():
         w = tlog.workloads.get(h)
@@ -73,7 +66,7 @@ def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
                                  default_s=min(dflt) if dflt else None, best_s=min(ok) if ok else None))
     out.sort(key=lambda s: -(s.best_s or 0) * s.calls)
     return LogStats(path=str(tlog.path), header=tlog.header, workloads=out, records=len(tlog.records),
-                    skipped_lines=tlog.skipped, sha256=tlog.sha256(), device=dev, devices=devs)
+                    skipped_lines=tlog.skipped, sha256=tlog.sha256(), device=dev, devices=tlog.devices())
 
 
 def _calls(w) -> int:
@@ -115,17 +108,9 @@ def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
     Returns the new log and how many records were dropped."""
     if keep < 1:
         raise TuningLogError(f"--keep {keep} would drop every record", "keep at least 1 record per workload")
-    only = None
-    if device is not None:
-        only = tlog.match_device(device)
-        if only is None:
-            raise TuningLogError(f"tuning log {tlog.path} has no records measured on '{device}'",
-                                 "pick one of: " + "; ".join(f"'{d}'" for d in tlog.devices()))
+    only = tlog.require_device(device, "--device") if device is not None else None
     kept: list[Record] = []
-    groups: dict[tuple[str, str], list[Record]] = {}
-    for r in tlog.records:
-        groups.setdefault((r.workload, tlog.device_of(r)), []).append(r)
-    for (_h, dev), recs in groups.items():
+    for (_h, dev), recs in tlog.by_workload_and_device().items():
         if only is not None and dev != only:
             kept += recs
             continue

@@ -299,7 +299,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 n += _retime(src, opts.retime_top, states, wmods, measured, measurer, record)
         if n:  # the cost model starts from the re-measured records
             old = TuningLog.read(log_path)
-            old.records = [r for r in old.records if old.device_of(r) == here] or old.records
+            old.records = [r for r in old.records if old.device_of(r) == here]
         for st in states:
             st.round_best.append(st.best_s)
             st.curve.append((st.trials, st.best_s))

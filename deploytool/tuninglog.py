@@ -206,6 +206,13 @@ class TuningLog:
             out.setdefault(r.workload, []).append(r)
         return out
 
+    def by_workload_and_device(self) -> dict[tuple[str, str], list[Record]]:
+        """(workload, machine) -> its records, in log order: the sets whose latencies compare."""
+        out: dict[tuple[str, str], list[Record]] = {}
+        for r in self.records:
+            out.setdefault((r.workload, self.device_of(r)), []).append(r)
+        return out
+
     @property
     def device(self) -> str:
         """The header's machine (device_name): the one a record without its own ``device`` came from."""
@@ -232,6 +239,16 @@ class TuningLog:
             return name
         same = [d for d in devs if _processor(d) == _processor(name)]
         return max(same, key=devs.get) if same else None
+
+    def require_device(self, name: str, option: str = "") -> str:
+        """match_device(name), or a TuningLogError naming the log's machines (``option``: the
+        command-line option that named it, for the message)."""
+        dev = self.match_device(name)
+        if dev is None:
+            where = Path(str(self.path)).name if self.path else "the tuning log"
+            raise TuningLogError(f"{option + ' ' if option else ''}'{name}': tuning log {where} has no records "
+                                 "from that machine", "pick one of: " + "; ".join(f"'{d}'" for d in self.devices()))
+        return dev
 
     def best(self, workload: str, device: str | None = None) -> Record | None:
         """The best valid record of a workload (lowest median latency, earliest on ties) among one
