@@ -238,16 +238,9 @@ def _short(e: BaseException) -> str:
 # ----------------------------------------------------------------------------- board side
 def local_info(*, emulated: str | None = None, address: str = "") -> dict[str, Any]:
     """What this machine says about itself to tuners and runners (arch, CPU, cores, emulation)."""
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                k, _, v = line.partition(":")
-                if k.strip() in ("model name", "Model", "Hardware") and v.strip():
-                    cpu = v.strip()
-                    break
-    except OSError:
-        pass
+    from deploytool.targets import cpu_name
+
+    cpu = cpu_name()
     try:
         import tvm
 

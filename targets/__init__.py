@@ -176,16 +176,27 @@ def host_arch() -> str:
     return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
-def cpu_name() -> str:
-    """This machine's CPU model name (/proc/cpuinfo), for logs and benchmark records."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """This machine's CPU, for logs and benchmark records: the model name of /proc/cpuinfo, with
+    the x86 family and model numbers. Virtual machines often show a bare "AMD EPYC" or
+    "Intel(R) Xeon(R) Processor" for CPUs of different generations (Zen 4 and Zen 5 alike), whose
+    tuned kernels differ; the numbers tell them apart."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            fields.setdefault(key.strip(), value.strip())  # the first processor's, on x86
+    name = fields.get("model name") or fields.get("Model") or fields.get("Hardware")
+    if not name:
+        return platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
 
 
 def host_cpu_flags(cpuinfo: str | None = None) -> set[str]:

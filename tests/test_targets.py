@@ -45,6 +45,20 @@ def test_missing_features_reads_cpuinfo():
     assert targets.missing_features(["asimd"], "aarch64" if targets.host_arch() != "aarch64" else "x86_64") != []
 
 
+def test_cpu_name_tells_cpu_generations_apart():
+    """A VM's bare "AMD EPYC" is Zen 4 on one machine and Zen 5 on another: the x86 family and
+    model numbers make them two machines in tuning logs (the first processor's numbers)."""
+    zen = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: AMD EPYC\n" \
+          "flags\t\t: fpu avx512f\n\nprocessor\t: 1\ncpu family\t: 99\nmodel\t\t: 9\nmodel name\t: Other\n"
+    zen4, zen5 = targets.cpu_name(zen.format(f=25, m=17)), targets.cpu_name(zen.format(f=26, m=2))
+    assert zen4 == "AMD EPYC (family 25 model 17)" and zen5 == "AMD EPYC (family 26 model 2)"
+    from deploytool.tuninglog import _processor, device_name
+
+    assert _processor(device_name({"cpu": zen5, "threads": 2})) == zen5
+    board = "processor\t: 0\nBogoMIPS\t: 48.00\nCPU part\t: 0xd08\n\nHardware\t: BCM2835\nModel\t\t: Raspberry Pi 4\n"
+    assert targets.cpu_name(board) == "Raspberry Pi 4"  # a board's model, after the processors' blocks
+
+
 def test_unknown_target_names_the_choices():
     with pytest.raises(TargetError) as e:
         targets.load("x87")
