@@ -12,7 +12,7 @@ The Python API mirrors the CLI command for command::
 
 __version__ = "0.1.0"
 
-_API = ("inspect", "compile", "tune", "run", "bench", "metadata", "list_targets", "logs_show", "logs_merge",
+_API = ("inspect", "compile", "tune", "run", "bench", "profile", "metadata", "list_targets", "logs_show", "logs_merge",
         "logs_prune", "logs_check", "report")
 
 

@@ -197,6 +197,24 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from deploytool import api
+    from deploytool import profiling as _profile
+
+    p = api.profile(args.artifact, tuning_log=args.tuning_log, tuned_on=args.tuned_on, inputs=args.inputs,
+                    seed=args.seed, threads=args.threads, runs=args.runs, warmup=args.warmup,
+                    progress=_Progress(args.quiet))
+    if args.plot:
+        _profile.plot(p, args.plot, top=args.top)
+    if args.json:
+        print(json.dumps(p.to_dict(), indent=2))
+    else:
+        print(_profile.table(p, top=args.top))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0
+
+
 def _ms(s) -> str:
     if s is None or s == float("inf"):
         return "-"
@@ -593,6 +611,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=20)
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_bench)
+
+    s = sub.add_parser("profile", help="each kernel's time inside the model on this machine, next to the tuning "
+                       "log's time for it alone")
+    s.add_argument("artifact")
+    s.add_argument("--inputs", help=".npz with one array per input name (default: seeded random)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
+    s.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    s.add_argument("--tuning-log", metavar="LOG", help="show each kernel's best record of this log next to its time "
+                   "in the model")
+    s.add_argument("--tuned-on", metavar="MACHINE", help="the machine whose records of a multi-machine log to show "
+                   "(default: this one)")
+    s.add_argument("--runs", type=int, default=10, help="profiled runs (default: 10; medians are shown)")
+    s.add_argument("--warmup", type=int, default=3)
+    s.add_argument("--top", type=int, default=20, help="kernels to list and plot (default: 20)")
+    s.add_argument("--plot", metavar="PNG", help="draw the kernels' times as a bar chart")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(fn=cmd_profile)
 
     s = sub.add_parser("device", help="boards over TVM RPC: serve one, emulate one, list a tracker's")
     dsub = s.add_subparsers(dest="device_command", required=True, metavar="ACTION")

@@ -119,6 +119,10 @@ class _VMRunner:
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._collect(self._main(*self.to_device(inputs)))
 
+    def call(self, args: list):
+        """One call of the model on inputs already on the device (to_device)."""
+        return self._main(*args)
+
 
 class LocalRunner(_VMRunner):
     """Loads a Linux .so artifact on this machine and runs it on the CPU, or on this machine's
