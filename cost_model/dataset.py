@@ -60,7 +60,7 @@ def groups_from_log(tlog, target, min_records: int = 8, featurize: bool = True) 
             lats.append(r.seconds if r.ok else 1e10)
         if len(schs) < min_records:
             continue
-        g = Group(h if dev == tlog.device else f"{h}@{dev}", w.name, mod, schs, np.array(lats),
+        g = Group(h if dev == tlog.home else f"{h}@{dev}", w.name, mod, schs, np.array(lats),
                   np.zeros((0, F.LENGTH), np.float32))
         if featurize:
             g.feats = F.from_candidates(context(mod, target), g.candidates(), fe)

@@ -250,7 +250,9 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                          "split_k": splitk.applies(tgt, dtype, split_k),
                                          "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
-                                         "bound_inputs": {k: v.tolist() for k, v in bound.items()}})
+                                         "bound_inputs": {k: v.tolist() for k, v in bound.items()},
+                                         "kernel_table": [dict(t.to_dict(), schedule=sched.get(t.name))
+                                                          for t in task_list]})
     artifact = stage("export", pipeline.export, ex, tgt, output, meta)
     return CompileResult(artifact=artifact, tasks=task_list, stage_seconds=times, schedules=sched)
 
@@ -408,6 +410,57 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
     runner = LocalRunner(art, threads=threads)
     ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
     return BenchResult(artifact=str(artifact), threads=threads, deploytool=ours, onnxruntime=theirs, warnings=warnings)
+
+
+def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned_on: str | None = None,
+            inputs=None, seed: int = 0, threads: int | None = None, runs: int = 10, warmup: int = 3,
+            progress: Progress = _noop):
+    """Each kernel's time inside the model, on this machine (deploytool.profile); with
+    ``tuning_log``, next to the log's best record for the same kernel timed alone (this machine's
+    records, or ``tuned_on``'s)."""
+    from deploytool import profiling as _profile
+    from deploytool.runner import _on_gpu
+    from deploytool.tuninglog import TuningLog
+
+    _check_threads(threads)
+    _require(runs >= 1, "--runs", runs, "at least 1 profiled run")
+    _require(warmup >= 0, "--warmup", warmup, "0 or more warm-up runs")
+    art = Artifact.open(artifact)
+    meta = art.metadata
+    if meta.get("runtime") != "tvm-relax-vm":
+        raise InputError(f"'{artifact}' is a {meta.get('runtime')} bundle: profile runs .so artifacts on this machine",
+                         "profile a .so build of the model (a Linux target)")
+    tasks_ = meta.get("kernel_table") or []
+    notes = []
+    log_best, machine = None, None
+    if tuning_log is not None:
+        tlog = TuningLog.read(tuning_log)
+        tgt = _targets.load(meta["target"]["name"]) if meta["target"]["name"] in _targets.preset_names() else None
+        machine = _records_machine(tlog, tgt, tuned_on, Path(tuning_log).name, progress) if tgt is not None \
+            else (tlog.require_device(tuned_on, "--tuned-on") if tuned_on else None)
+        log_best = {h: r.seconds for h, r in tlog.best_by_workload(machine).items()}
+        machine = machine or tlog.home
+        if not tasks_:
+            notes.append("this artifact has no kernel table (built before deploytool recorded one): rebuild it to "
+                         "see the log's times next to the model's")
+        elif meta.get("tuning_log_sha256") not in (None, tlog.sha256()):
+            notes.append(f"'{artifact}' was not built from this log: its 'log ms' is the log's best, not what the "
+                         "artifact runs")
+    LocalRunner.check_loadable(art)
+    threads = threads or _targets.physical_cores()
+    runner = LocalRunner(art, threads=threads)
+    args = runner.to_device(_inputs_for(art, inputs, seed))
+    sync = runner.device.sync if _on_gpu(art) else None
+    progress(f"profiling {Path(artifact).name}: {warmup} warm-up + {runs} runs")
+    plain = runner.time(_inputs_for(art, inputs, seed), warmup=warmup, repeats=runs)
+    per_run, walls = _profile.measure(runner, args, runs=runs, warmup=warmup, sync=sync)
+    rows, builtins_ms = _profile.summarize(per_run)
+    kernels = _profile.kernel_rows(rows, tasks_, log_best)
+    import statistics
+
+    return _profile.Profile(artifact=str(artifact), runs=runs, threads=threads, wall_ms=plain.median_ms,
+                            instrumented_ms=statistics.median(walls) * 1e3, kernels=kernels, builtins_ms=builtins_ms,
+                            log=str(tuning_log) if tuning_log is not None else None, log_machine=machine, notes=notes)
 
 
 # ----------------------------------------------------------------------------- tune
@@ -568,9 +621,9 @@ def _records_machine(tlog, tgt, tuned_on: str | None, name: str, progress: Progr
     dev = tlog.match_device(here)
     if len(devs) > 1:
         progress(f"{name} holds timings from {len(devs)} machines; using those of "
-                 f"{dev or tlog.device}{' (this machine)' if dev else ''}, and the others' where it has none")
+                 f"{dev or tlog.home}{' (this machine)' if dev else ''}, and the others' where it has none")
     elif here is not None and dev is None:
-        progress(f"note: {name} was tuned on {tlog.device}, this machine is {here}: its kernels may not be the "
+        progress(f"note: {name} was tuned on {tlog.home}, this machine is {here}: its kernels may not be the "
                  f"fastest here (retune: `deploytool tune MODEL -o LOG` on this machine adds its timings to a copy "
                  f"of the log)")
     return dev

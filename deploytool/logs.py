@@ -54,7 +54,7 @@ class LogStats:
 def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
     """Per-workload statistics of one machine's records: ``device`` (a name from
     ``tlog.devices()``, or a machine's device_name matched by processor), else the header's."""
-    dev = tlog.require_device(device, "--device") if device is not None else tlog.device
+    dev = tlog.require_device(device, "--device") if device is not None else tlog.home
     per = {h: recs for (h, d), recs in tlog.by_workload_and_device().items() if d == dev}
     out = []
     for h, recs in per.items():
@@ -86,17 +86,17 @@ def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
                                  f"'{logs[0].target_name}'", "merge only logs of the same target")
     header = dict(logs[0].header)
     header["merged_from"] = [str(lg.path) for lg in logs]
-    home = logs[0].device
+    home = logs[0].device  # records of the first log's header machine need no ``device``
     workloads, seen, records = {}, set(), []
     for lg in logs:
         for h, w in lg.workloads.items():
             workloads.setdefault(h, w)
         for r in lg.records:
-            dev = lg.device_of(r)
-            k = (r.workload, r.candidate, r.time, tuple(r.latency_s or ()), dev)
+            machine = lg.machine_of(r)
+            k = (r.workload, r.candidate, r.time, tuple(r.latency_s or ()), lg.device_of(r))
             if k not in seen:
                 seen.add(k)
-                records.append(dataclasses.replace(r, device=None if dev == home else dev))
+                records.append(dataclasses.replace(r, device=None if machine == home else machine))
     write_log(output, header, workloads.values(), records)
     return TuningLog.read(output)
 
@@ -149,7 +149,7 @@ def curves(tlog: TuningLog, device: str | None = None) -> tuple[list[tuple[int, 
     the estimated end-to-end latency (sum over workloads of best-so-far x calls) after each search
     trial, and per workload (best so far vs its own trials). A workload's default-schedule record
     is its starting point."""
-    dev = tlog.match_device(device) if device else tlog.device
+    dev = tlog.match_device(device) if device else tlog.home
     best: dict[str, float] = {}
     per: dict[str, list[tuple[int, float]]] = {}
     n_per: dict[str, int] = {}

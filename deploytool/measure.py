@@ -31,9 +31,9 @@ class MeasureSettings:
     number: int = 1              # calls per timed repeat (raised to fill min_repeat_ms)
     repeat: int = 3              # timed repeats; the record keeps each
     min_repeat_ms: int = 10    # each repeat runs at least this long
-    # Flush the CPU caches before each repeat: weights come in cold, as they do inside a model whose
-    # weights exceed the caches. Measured on the BERT encoder (340 MB of weights): tuned without it,
-    # the build was 4% SLOWER end to end than untuned (kernels picked for hot caches); with it, 3% faster.
+    # Time CPU candidates cold: every timed call after a flush of the kernel's weights and output
+    # (see cpu_timing), as inside a model whose weights exceed the caches; on GPUs, the L2 flushed
+    # before each launch (see GPU_COLD_LAUNCHES).
     cache_flush: bool = True
     threads: int = 0             # TVM thread-pool size while timing (0: physical cores)
     build_timeout_s: float = 120.0
@@ -93,6 +93,40 @@ def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str
     return out_path
 
 
+# CPU candidates are timed cold, one call at a time. TVM's time_evaluator runs its f_preproc (the
+# flush) once per repeat, before `number` calls, and min_repeat_ms raises `number` until a repeat
+# lasts 10 ms: for a 0.2 ms kernel only the first of ~50 calls ran cold, so the "flushed" timings
+# were warm. Inside a model they are not: ResNet-50 on a 2-core Zen 5, tuned that way, ran its
+# kernels 1.30x slower than the log said (up to 2.4x for the 8 MB-weight 1x1 convolution), and
+# timed one call after each flush, the same candidates took 1.5x their logged time; the best
+# candidate changed too (stage 4's 3x3 convolution: 0.52 ms cold for a candidate logged 6% slower
+# than the one picked, which took 0.74 ms cold). Now each repeat a record keeps is the mean of
+# COLD_CALLS single calls, each after TVM's cache_flush_cpu_non_first_arg (every argument but the
+# first, the input activation, which the previous kernel has just written: weights, bias, residual,
+# output). The flush itself is cheap (~0.1 ms for 9 MB of clean lines) and not timed.
+COLD_CALLS = 10
+
+
+def cpu_timing(settings: dict) -> dict:
+    """How CPU candidates are timed, for the tuning log's header."""
+    if not settings["cache_flush"]:
+        return {"cpu_timing": "warm"}
+    return {"cpu_timing": "cold", "cold_calls_per_repeat": COLD_CALLS}
+
+
+def time_cpu(lib, entry: str, dev, tensors: list, settings: dict) -> list[float]:
+    """The ``repeat`` samples a record keeps (see COLD_CALLS), locally or on a board over RPC."""
+    if not settings["cache_flush"]:
+        f = lib.time_evaluator(entry, dev, number=settings["number"], repeat=settings["repeat"],
+                               min_repeat_ms=int(settings["min_repeat_ms"]))
+        return [float(x) for x in f(*tensors).results]
+    k = COLD_CALLS
+    f = lib.time_evaluator(entry, dev, number=1, repeat=settings["repeat"] * k, min_repeat_ms=0,
+                           f_preproc="cache_flush_cpu_non_first_arg")
+    xs = [float(x) for x in f(*tensors).results]
+    return [sum(xs[i * k:(i + 1) * k]) / k for i in range(settings["repeat"])]
+
+
 # GPU candidates are timed with a cold L2 (settings["cache_flush"]): inside a model a kernel's
 # weights come from HBM (the kernels before it ran over other data), while a kernel timed alone,
 # launch after launch on the same buffers, finds them in the L2 (60 MB on the H200). Measured on
@@ -125,11 +159,12 @@ def _time_one(path: str, args: list, settings: dict, device: str = "cpu") -> lis
     lib = tvm.runtime.load_module(path)
     tensors = [tvm.runtime.tensor(a, dev) for a in _random_args(args)]
     entry = lib.entry_name if hasattr(lib, "entry_name") and lib.entry_name else "main"
-    if device != "cpu" and settings["cache_flush"]:
+    if device == "cpu":
+        return time_cpu(lib, entry, dev, tensors, settings)
+    if settings["cache_flush"]:
         return _time_cold_gpu(lib, entry, dev, tensors, settings)
     f = lib.time_evaluator(entry, dev, number=settings["number"], repeat=settings["repeat"],
-                           min_repeat_ms=int(settings["min_repeat_ms"]),
-                           f_preproc="cache_flush_cpu_non_first_arg" if settings["cache_flush"] else "")
+                           min_repeat_ms=int(settings["min_repeat_ms"]))
     return [float(x) for x in f(*tensors).results]
 
 
@@ -198,9 +233,10 @@ class LocalMeasurer:
         return d
 
     def timing(self) -> dict:
-        """How candidates are timed beyond the settings (the GPU's L2 flush), for the log's header."""
+        """How candidates are timed beyond the settings (cold CPU calls, the GPU's L2 flush), for the
+        log's header."""
         if not self.cuda:
-            return {}
+            return cpu_timing(self.settings.to_dict())
         return gpu_timing(self.settings.to_dict(), getattr(self.gpu, "l2_bytes", None))
 
     def _pool(self, which: str):
@@ -362,10 +398,7 @@ class _BoardSlot:
             key = repr(args)
             if key not in self.tensors:  # inputs stay on the board for the next candidate of the kernel
                 self.tensors = {key: [tvm.runtime.tensor(a, dev) for a in _random_args(args)]}
-            f = lib.time_evaluator("main", dev, number=settings["number"], repeat=settings["repeat"],
-                                   min_repeat_ms=int(settings["min_repeat_ms"]),
-                                   f_preproc="cache_flush_cpu_non_first_arg" if settings["cache_flush"] else "")
-            return [float(x) for x in f(*self.tensors[key]).results]
+            return time_cpu(lib, "main", dev, self.tensors[key], settings)
         finally:
             try:
                 sess.remove(name)
@@ -403,7 +436,7 @@ class RPCMeasurer(LocalMeasurer):
                                 f"builds for {target.arch}", "tune on a board of the target's architecture")
 
     def timing(self) -> dict:
-        return {}  # boards time on their CPU (time_evaluator over RPC, CPU cache flush as set)
+        return cpu_timing(self.settings.to_dict())  # boards time on their CPU, over RPC
 
     def device(self) -> dict:
         info = dict(self.slots[0].board.info) if self.slots else {}

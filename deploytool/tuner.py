@@ -225,13 +225,20 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         raise TuningLogError(f"tuning log {log_path} holds timings from {what}; this run measures on "
                              f"{'an emulated board' if header['emulated'] else 'real hardware'}",
                              "tune into a new log (-o): emulated and real timings must not mix")
-    if old is not None and old.header.get("measure") != header["measure"]:
+    timing_keys = ("cpu_timing", "cold_calls_per_repeat")  # a change of these: see `here` below
+
+    def settings(m):
+        return {k: v for k, v in (m or {}).items() if k not in timing_keys}
+
+    if old is not None and settings(old.header.get("measure")) != settings(header["measure"]):
         log.warning("tuning log %s was measured with %s; this run measures with %s: their latencies are "
                     "not strictly comparable", log_path, old.header.get("measure"), header["measure"])
     # a log of another machine (or of several): only this machine's records count as measured here;
     # the others' best candidates are re-measured here first (as --retime-from would), and this
     # run's records name their machine (see deploytool.tuninglog)
-    here = device_name(header["device"])
+    machine = device_name(header["device"])
+    timing = "cold" if header["measure"].get("cpu_timing") == "cold" else None
+    here = (old or TuningLog(path=log_path, header=header)).timed_name(machine, timing)
     foreign = None
     if old is not None:
         mine = [r for r in old.records if old.device_of(r) == here]
@@ -256,7 +263,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 if r.ok and r.seconds < st.best_s:
                     st.best_s = r.seconds
     writer = LogWriter(log_path, header, known_workloads=old.workloads if old else ())
-    tag = here if old is not None and here != old.device else None  # the file's header names another machine
+    tag = machine if old is not None and machine != old.device else None  # the file's header names another machine
     wmods = {}
     for st in states:
         wmods[st.workload] = workload_module(funcs[st.workload])
@@ -268,7 +275,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 
     def record(st: TaskState, cand_hash: str, trace, out: Outcome, source: str) -> Record:
         r = Record(workload=st.workload, candidate=cand_hash, trace=trace, latency_s=out.latency_s,
-                   error=out.error, source=source, target_key=tkey, device=tag)
+                   error=out.error, source=source, target_key=tkey, device=tag, timing=timing)
         writer.record(r)
         measured[cand_hash] = r
         return r

@@ -86,6 +86,7 @@ class Record:
     target_key: str = ""
     time: float = 0.0
     device: str | None = None   # the machine that measured it (device_name), when not the header's
+    timing: str | None = None   # "cold": a CPU record timed one cold call at a time (measure.cpu_timing)
 
     @property
     def ok(self) -> bool:
@@ -106,6 +107,8 @@ class Record:
              "latency_s": self.latency_s, "error": self.error, "time": self.time}
         if self.device:
             d["device"] = self.device
+        if self.timing:
+            d["timing"] = self.timing
         return d
 
 
@@ -117,6 +120,9 @@ def device_name(device: dict[str, Any] | None) -> str:
         return str(d["gpu"])
     cpu = str(d.get("cpu") or d.get("arch") or "unknown machine")
     return f"{cpu}, {d['threads']} threads" if d.get("threads") else cpu
+
+
+WARM = ", warm caches"  # see TuningLog.timed_name
 
 
 def _processor(name: str) -> str:
@@ -163,7 +169,7 @@ class TuningLog:
                                               latency_s=obj["latency_s"], error=obj.get("error"),
                                               source=obj.get("source", "search"),
                                               target_key=obj.get("target_key", ""), time=obj.get("time", 0.0),
-                                              device=obj.get("device") or None))
+                                              device=obj.get("device") or None, timing=obj.get("timing") or None))
                     else:
                         raise ValueError(kind)
                 except (ValueError, KeyError, TypeError):
@@ -218,16 +224,37 @@ class TuningLog:
         """The header's machine (device_name): the one a record without its own ``device`` came from."""
         return device_name(self.header.get("device"))
 
-    def device_of(self, r: Record) -> str:
+    @property
+    def cpu(self) -> bool:
+        return (self.header.get("target") or {}).get("family") != "cuda"
+
+    @property
+    def home(self) -> str:
+        """The machine (as device_of names it) of the run that wrote the header."""
+        cold = (self.header.get("measure") or {}).get("cpu_timing") == "cold"
+        return self.timed_name(self.device, "cold" if cold else None)
+
+    def timed_name(self, machine: str, timing: str | None) -> str:
+        """A machine's name as latencies compare: on CPUs, records not timed cold (see
+        measure.cpu_timing: before 2026-12-01 every record, or --no-cache-flush) are another
+        machine's, since their latencies are not comparable with cold ones."""
+        return machine + WARM if self.cpu and timing != "cold" else machine
+
+    def machine_of(self, r: Record) -> str:
+        """The machine that measured a record (its device_name, however it was timed)."""
         return r.device or self.device
+
+    def device_of(self, r: Record) -> str:
+        """The machine a record's latency compares within: machine_of, plus how it was timed."""
+        return self.timed_name(self.machine_of(r), r.timing)
 
     def devices(self) -> dict[str, int]:
         """Machine name -> how many records it measured, header's machine first."""
-        out: dict[str, int] = {self.device: 0}
+        out: dict[str, int] = {self.home: 0}
         for r in self.records:
             d = self.device_of(r)
             out[d] = out.get(d, 0) + 1
-        return {d: n for d, n in out.items() if n} or {self.device: 0}
+        return {d: n for d, n in out.items() if n} or {self.home: 0}
 
     def match_device(self, name: str | None) -> str | None:
         """The machine of this log that ``name`` (device_name of a machine) should take its records
@@ -238,7 +265,7 @@ class TuningLog:
         if name in devs:
             return name
         same = [d for d in devs if _processor(d) == _processor(name)]
-        return max(same, key=devs.get) if same else None
+        return max(same, key=lambda d: (not d.endswith(WARM), devs[d])) if same else None
 
     def require_device(self, name: str, option: str = "") -> str:
         """match_device(name), or a TuningLogError naming the log's machines (``option``: the
@@ -256,7 +283,7 @@ class TuningLog:
         return self.best_by_workload(device).get(workload)
 
     def best_by_workload(self, device: str | None = None) -> dict[str, Record]:
-        prefs = [d for d in (device, self.device) if d]
+        prefs = [d for d in (device, self.home) if d]
         best: dict[str, tuple[int, float, Record]] = {}
         for r in self.records:
             if not r.ok:

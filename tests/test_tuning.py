@@ -92,6 +92,33 @@ def test_best_record_is_tuned_and_replayed(tuned, tiny_model, tmp_path, cli):
 
 
 @_TUNED
+def test_profile_puts_each_kernel_next_to_its_record(tuned, tiny_model, tmp_path, cli):
+    """deploytool profile: every kernel the model calls, with its calls per run from the artifact's
+    kernel table, and the log's best record for its workload (times its calls) beside it."""
+    log, _ = tuned
+    tlog = _read(log)
+    so = tmp_path / "tuned.so"
+    assert cli("compile", tiny_model, "--target", "x86", "--tuning-log", log, "-q", "-o", so).code == 0
+    png = tmp_path / "profile.png"
+    r = cli("profile", so, "--tuning-log", log, "--runs", "3", "--plot", png, "--json", "-q")
+    assert r.code == 0, r
+    p = json.loads(r.out)
+    table = {t["name"]: t for t in json.loads(cli("metadata", so).out)["kernel_table"]}
+    names = {k["name"] for k in p["kernels"]}  # a kernel the final passes fold into a view is not called
+    assert names <= set(table) and {n for n, t in table.items() if t["flops"]} <= names
+    best = tlog.best_by_workload(tlog.match_device(tlog.device))
+    for k in p["kernels"]:
+        t = table[k["name"]]
+        assert k["calls"] == t["calls"] and k["schedule"] == "tuned" and k["ms"] > 0
+        assert k["log_ms"] == pytest.approx(best[t["workload_hash"]].seconds * 1e3 * t["calls"])
+    assert 0 < p["kernels_ms"] <= p["instrumented_ms"] and p["wall_ms"] > 0
+    assert p["log_estimate_ms"] == pytest.approx(sum(k["log_ms"] for k in p["kernels"]))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = cli("profile", so, "--runs", "0")
+    assert r.code == 2 and "--runs" in r.err and len(r.err.strip().splitlines()) == 1
+
+
+@_TUNED
 def test_same_log_same_code(tuned, tiny_model):
     """Two builds from one log generate identical machine code."""
     from deploytool import pipeline, targets
@@ -296,6 +323,33 @@ def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
     assert all(x.device in (None, other) for x in m.records)
     assert {h: x.candidate for h, x in m.best_by_workload(other).items()} == \
         {h: x.candidate for h, x in two.best_by_workload(other).items()}
+
+
+def test_warm_timed_records_count_as_another_machines(tiny_model, tmp_path, cli):
+    """CPU candidates are timed cold, a call at a time (measure.cpu_timing); records timed warm
+    (older logs, --no-cache-flush) compare only among themselves: resuming such a log re-measures
+    their best candidates cold, and compile then takes the cold records."""
+    from deploytool.tuninglog import WARM
+
+    log = tmp_path / "t.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log, *TINY, "--no-cache-flush", "-q")
+    assert r.code == 0, r
+    warm = _read(log)
+    assert warm.header["measure"]["cpu_timing"] == "warm" and all(x.timing is None for x in warm.records)
+    (machine,) = warm.devices()
+    assert machine.endswith(WARM)
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log, "--trials-per-task", "2", "--retime-top", "1",
+            "--repeat", "2", "-q")
+    assert r.code == 0, r
+    both = _read(log)
+    cold = machine[:-len(WARM)]
+    assert set(both.devices()) == {machine, cold} and both.home == machine
+    new = both.records[len(warm.records):]
+    assert new and all(x.timing == "cold" and both.device_of(x) == cold for x in new)
+    assert both.match_device(cold.split(", ")[0]) == cold  # this machine: the cold records
+    r = cli("compile", tiny_model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", tmp_path / "a.so")
+    assert r.code == 0, r
+    assert f"using those of {cold} (this machine)" in r.err
 
 
 @_TUNED
