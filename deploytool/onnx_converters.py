@@ -162,6 +162,24 @@ def elu(node, ctx):
             _nd("Where", [n("pos"), x, n("neg")], [y])]
 
 
+def clip(node, ctx):
+    """Clip with constant bounds as Max and Min: TVM's converter emits them as TE calls
+    (call_tir), which TVM's ToMixedPrecision cannot type, so --dtype float16 failed on every model
+    with a Clip (MobileNetV2's ReLU6). A NaN bound means no bound (ONNX's reference)."""
+    x, y = node.input[0], node.output[0]
+    bounds = [_input(node, i) for i in (1, 2)]
+    if any(b and b not in ctx.consts for b in bounds) or not any(bounds):
+        return None
+    nodes, cur = [], x
+    for i, (b, op) in enumerate(zip(bounds, ("Max", "Min"))):
+        if not b or np.isnan(np.asarray(ctx.consts[b], np.float64)).any():
+            continue
+        out = ctx.name(f"clip{i}")
+        nodes += [_nd("CastLike", [b, x], [out + "_b"]), _nd(op, [cur, out + "_b"], [out])]
+        cur = out
+    return nodes + [_nd("Identity", [cur], [y])]
+
+
 def is_inf(node, ctx):
     """IsInf with detect_positive=0 or detect_negative=0 (TVM's converter ignores both)."""
     attrs = _attrs(node)
@@ -673,7 +691,7 @@ def resize(node, ctx):
 
 CONVERTERS = {
     "Swish": swish, "LpNormalization": lp_normalization, "Sinh": hyperbolic, "Cosh": hyperbolic, "CumProd": cumprod,
-    "Elu": elu, "IsInf": is_inf, "ReduceMax": reduce_bool, "ReduceMin": reduce_bool,
+    "Elu": elu, "Clip": clip, "IsInf": is_inf, "ReduceMax": reduce_bool, "ReduceMin": reduce_bool,
     "RMSNormalization": rms_normalization, "SpaceToDepth": space_to_depth, "BitCast": bitcast, "Mod": mod,
     "DequantizeLinear": dequantize_linear, "QuantizeLinear": quantize_linear, "QLinearMatMul": qlinear_matmul,
     "QLinearConv": qlinear_conv, "ConvInteger": conv_integer, "DFT": dft, "Upsample": upsample, "Resize": resize,
