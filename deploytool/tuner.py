@@ -282,17 +282,18 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 
     interrupt = _InterruptBetweenRounds()
     try:
-        # ---- 1. the default schedule of every task is the first record to beat
-        seed_states = [st for st in states if st.default_s == math.inf]
+        # ---- 1. the default schedule of every task is the first record to beat; measured again
+        # when the default rules changed since the log was written (a new candidate)
         seeded = []
-        if seed_states:
-            fn = space.default_schedule_fn(target)
-            from tvm import s_tir
+        fn = space.default_schedule_fn(target)
+        from tvm import s_tir
 
-            jobs = []
-            for st in seed_states:
-                sch = fn(s_tir.Schedule(wmods[st.workload]))
+        jobs = []
+        for st in states:
+            sch = fn(s_tir.Schedule(wmods[st.workload]))
+            if kernel_hash(sch.mod) not in measured:
                 jobs.append((st, sch))
+        if jobs:
             outs = measurer.measure([sch.mod for _, sch in jobs], [st.args for st, _ in jobs])
             for (st, sch), out in zip(jobs, outs):
                 r = record(st, kernel_hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
