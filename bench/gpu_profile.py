@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--log-dir", default=str(REPO / "tuning_logs"))
     ap.add_argument("--cache", default=str(Path.home() / ".cache" / "deploytool" / "corpus"))
     ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--cublas", action="store_true", help="build with --cublas (float16 matmuls on cuBLAS)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = ap.parse_args(argv)
@@ -99,7 +100,8 @@ def main(argv=None) -> int:
             log = log if log.exists() else None
             so = out / f"{name}-b{b}-{args.dtype}-profile.so"
             t0 = time.perf_counter()
-            built = deploytool.compile(path, target="cuda", output=so, dtype=args.dtype, tuning_log=log)
+            built = deploytool.compile(path, target="cuda", output=so, dtype=args.dtype, tuning_log=log,
+                                      cublas=args.cublas)
             compile_s = time.perf_counter() - t0
             r = profile(so, feeds_for(path), args.calls)
             est = {}

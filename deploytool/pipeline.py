@@ -41,7 +41,8 @@ class Task:
 DTYPES = ("float32", "float16")
 
 
-def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd: bool = False):
+def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd: bool = False,
+             cublas: bool = False):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
     data layouts the target family's schedules want (weights are re-laid out once, here).
 
@@ -51,10 +52,12 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     inputs and outputs keep their float32 interface. On CUDA, float16 and float32 matmuls and
     convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
     unless ``split_k`` is False. ``winograd``: on CPUs, float32 3x3 stride-1 convolutions in
-    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs)."""
+    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs).
+    ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K."""
     import tvm
     from tvm import relax
 
+    from deploytool import cublas as _cublas
     from deploytool import schedules, splitk
 
     passes = [
@@ -72,6 +75,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
         raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
     if target.family == "cuda" and dtype == "float16":  # one cast of a tensor, not one per consumer
         passes.append(relax.transform.EliminateCommonSubexpr())
+    if _cublas.applies(target, dtype, cublas):
+        passes.append(_cublas.offload_pass())
     if splitk.applies(target, dtype, split_k):
         passes.append(splitk.split_k_pass(splitk.sm_count(target)))
     mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
@@ -448,10 +453,15 @@ def export(executable, target: Target, path: str | Path, metadata: dict[str, Any
         if r.returncode != 0:
             raise ToolchainError(f"compiling the metadata object with {cc} failed: {r.stderr.strip()[:300]}",
                                  "check that the toolchain works (try compiling hello.c)")
+        addons = [str(meta_o)]
+        if metadata.get("cublas"):
+            from deploytool import cublas as _cublas
+
+            addons.append(str(_cublas.compile_object(cc, tmp)))
         fcompile = tvm_cc.cross_compiler(cc) if target.toolchain.get("cross") else None
         tmp_out = path.with_name(path.name + ".tmp")
         try:
-            executable.export_library(str(tmp_out), fcompile=fcompile, addons=[str(meta_o)], workspace_dir=tmp)
+            executable.export_library(str(tmp_out), fcompile=fcompile, addons=addons, workspace_dir=tmp)
         except Exception as e:
             raise BuildError(f"linking {path.name} failed: {describe(e)}",
                              "rerun with --verbose; check the toolchain") from e

@@ -134,6 +134,10 @@ class LocalRunner(_VMRunner):
         import tvm
 
         set_threads(threads)
+        if artifact.metadata.get("cublas"):  # its matmuls dlopen libcublas: find pip's or the toolkit's
+            from deploytool import cublas
+
+            cublas.preload()
         try:
             lib = tvm.runtime.load_module(str(artifact.path))
         except Exception as e:

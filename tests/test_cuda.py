@@ -426,3 +426,77 @@ def test_small_gemm_dimensions_still_get_tensor_cores(tmp_path):
     out = tmp_path / "conv64.so"  # and it compiles to machine code
     res = deploytool.compile(path, target="cuda", output=out, dtype="float16", split_k=False)
     assert "TensorCoreMatmul" in res.schedules.values() and cuda.cubin_archs(out) == ["sm_90"]
+
+
+def _matmul_model(path):
+    """Y = relu(X @ W + b) with X [2, 4, 16, 32] and W [32, 24]; Z = Y @ Y^T per batch and head
+    (a batched matmul of two activations, as attention has)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((32, 24)).astype(np.float32) * 0.2, "w")
+    b = numpy_helper.from_array(rng.standard_normal(24).astype(np.float32), "b")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["xwb"]),
+             helper.make_node("Relu", ["xwb"], ["y"]), helper.make_node("Transpose", ["y"], ["yt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["y", "yt"], ["z"])]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 16, 32])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 4, 16, 16])], [w, b])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8  # what the GPU machine's onnxruntime reads
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.models
+def test_cublas_builds_here_and_is_refused_where_it_does_not_apply(cli, tmp_path):
+    """--cublas (CUDA, float16): both matmuls become calls of deploytool.cublas.matmul, linked into
+    the artifact, built on this machine with no CUDA toolkit or cuBLAS; elsewhere a one-line error."""
+    model = _matmul_model(tmp_path / "mm.onnx")
+    plain, offl = tmp_path / "plain.so", tmp_path / "cublas.so"
+    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "-o", plain, "-q").code == 0
+    r = cli("compile", model, "--target", "cuda", "--dtype", "float16", "--cublas", "-o", offl, "-q")
+    assert r.code == 0, r
+    m0, m1 = (json.loads(cli("metadata", p).out) for p in (plain, offl))
+    assert m1["cublas"] is True and m0["cublas"] is False
+    names = {t["name"] for t in m1["kernel_table"]}
+    assert not any("matmul" in n for n in names) and any("matmul" in t["name"] for t in m0["kernel_table"])
+    assert b"deploytool.cublas.matmul" in offl.read_bytes() and b"deploytool.cublas.matmul" not in plain.read_bytes()
+    for args in (["--target", "x86"], ["--target", "cuda"]):  # not CUDA; CUDA in float32
+        r = cli("compile", model, *args, "--cublas", "-o", tmp_path / "x.so")
+        assert_one_line_error(r, "--cublas")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_cublas_matmuls_match_onnxruntime(cli, tmp_path):
+    model = _matmul_model(tmp_path / "mm.onnx")
+    out = tmp_path / "mm.so"
+    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "--cublas", "-o", out, "-q").code == 0
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+
+
+@pytest.mark.fast
+def test_float16_builds_take_clip(cli, tmp_path):
+    """Clip with constant bounds (ReLU6: MobileNetV2) under --dtype float16: TVM's Clip converter
+    emits TE calls that its mixed-precision pass cannot type; deploytool's converts it to Max/Min."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    lo, hi = (numpy_helper.from_array(np.array([v], np.float32), n) for v, n in ((0.0, "lo"), (6.0, "hi")))
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Clip", ["c", "lo", "hi"], ["y"])], "relu6",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w, lo, hi])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "relu6.onnx")
+    r = cli("compile", tmp_path / "relu6.onnx", "--target", "cuda", "--dtype", "float16", "-o", tmp_path / "a.so", "-q")
+    assert r.code == 0, r
+    r = cli("compile", tmp_path / "relu6.onnx", "--target", "x86", "-o", tmp_path / "b.so", "-q")
+    assert r.code == 0, r
+    assert cli("run", tmp_path / "b.so", "--check", tmp_path / "relu6.onnx").code == 0
