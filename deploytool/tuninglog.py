@@ -25,6 +25,10 @@ log on another machine writes its records with ``device`` set; ``merge`` sets it
 when its inputs come from different machines. The best record of a kernel is chosen among one
 machine's records: the preferred machine's when it has any for that kernel (``compile`` prefers
 the host it runs on), else the header's machine, else any.
+
+How a CPU latency was timed matters as much as where: records timed cold (``"timing": "cold"``,
+one call per cache flush, see deploytool.measure) never rank with records timed warm (everything
+before 2026-12-01, or --no-cache-flush), whose machine ``device_of`` names with ", warm caches".
 """
 
 from __future__ import annotations
