@@ -236,10 +236,32 @@ def _short(e: BaseException) -> str:
 
 
 # ----------------------------------------------------------------------------- board side
+def cpu_name(cpuinfo: str | None = None) -> str:
+    """This machine's CPU, for logs and benchmark records: the model name of /proc/cpuinfo, with
+    the x86 family and model numbers. Virtual machines often show a bare "AMD EPYC" or
+    "Intel(R) Xeon(R) Processor" for CPUs of different generations (Zen 4 and Zen 5 alike), whose
+    tuned kernels differ; the numbers tell them apart."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and value.strip():
+            fields.setdefault(key.strip(), value.strip())  # the first processor's, on x86
+    name = fields.get("model name") or fields.get("Model") or fields.get("Hardware")
+    if not name:
+        return platform.processor() or platform.machine()
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']} model {fields['model']})"
+    return name
+
+
 def local_info(*, emulated: str | None = None, address: str = "") -> dict[str, Any]:
     """What this machine says about itself to tuners and runners (arch, CPU, cores, emulation)."""
-    from deploytool.targets import cpu_name
-
     cpu = cpu_name()
     try:
         import tvm

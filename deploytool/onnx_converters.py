@@ -163,7 +163,7 @@ def elu(node, ctx):
 
 
 def clip(node, ctx):
-    """Clip with constant bounds as Max and Min: TVM's converter emits them as TE calls
+    """Clip with constant bounds as comparisons and Where: TVM's converter emits them as TE calls
     (call_tir), which TVM's ToMixedPrecision cannot type, so --dtype float16 failed on every model
     with a Clip (MobileNetV2's ReLU6). A NaN bound means no bound (ONNX's reference)."""
     x, y = node.input[0], node.output[0]
@@ -171,11 +171,12 @@ def clip(node, ctx):
     if any(b and b not in ctx.consts for b in bounds) or not any(bounds):
         return None
     nodes, cur = [], x
-    for i, (b, op) in enumerate(zip(bounds, ("Max", "Min"))):
+    for i, (b, op) in enumerate(zip(bounds, ("Less", "Greater"))):
         if not b or np.isnan(np.asarray(ctx.consts[b], np.float64)).any():
             continue
-        out = ctx.name(f"clip{i}")
-        nodes += [_nd("CastLike", [b, x], [out + "_b"]), _nd(op, [cur, out + "_b"], [out])]
+        out = ctx.name(f"clip{i}")  # where(x < lo, lo, x): elementwise, fuses into the producer
+        nodes += [_nd("CastLike", [b, x], [out + "_b"]), _nd(op, [cur, out + "_b"], [out + "_c"]),
+                  _nd("Where", [out + "_c", out + "_b", cur], [out])]
         cur = out
     return nodes + [_nd("Identity", [cur], [y])]
 

@@ -177,26 +177,11 @@ def host_arch() -> str:
 
 
 def cpu_name(cpuinfo: str | None = None) -> str:
-    """This machine's CPU, for logs and benchmark records: the model name of /proc/cpuinfo, with
-    the x86 family and model numbers. Virtual machines often show a bare "AMD EPYC" or
-    "Intel(R) Xeon(R) Processor" for CPUs of different generations (Zen 4 and Zen 5 alike), whose
-    tuned kernels differ; the numbers tell them apart."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and value.strip():
-            fields.setdefault(key.strip(), value.strip())  # the first processor's, on x86
-    name = fields.get("model name") or fields.get("Model") or fields.get("Hardware")
-    if not name:
-        return platform.processor() or platform.machine()
-    if fields.get("cpu family") and fields.get("model"):
-        name += f" (family {fields['cpu family']} model {fields['model']})"
-    return name
+    """This machine's CPU, for logs and benchmark records (see deploytool.device.cpu_name, which
+    boards run with no more of deploytool than that module)."""
+    from deploytool.device import cpu_name as _cpu_name
+
+    return _cpu_name(cpuinfo)
 
 
 def host_cpu_flags(cpuinfo: str | None = None) -> set[str]:
