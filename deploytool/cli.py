@@ -626,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "in the model")
     s.add_argument("--tuned-on", metavar="MACHINE", help="the machine whose records of a multi-machine log to show "
                    "(default: this one)")
-    s.add_argument("--runs", type=int, default=10, help="profiled runs (default: 10; medians are shown)")
+    s.add_argument("--runs", type=int, default=10, help="profiled runs (default: 10; each kernel's mean is shown)")
     s.add_argument("--warmup", type=int, default=3)
     s.add_argument("--top", type=int, default=20, help="kernels to list and plot (default: 20)")
     s.add_argument("--plot", metavar="PNG", help="draw the kernels' times as a bar chart")

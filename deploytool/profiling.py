@@ -49,7 +49,7 @@ class Profile:
     runs: int
     threads: int
     wall_ms: float  # median latency without the instrument
-    instrumented_ms: float  # median latency with it
+    instrumented_ms: float  # mean latency with it (means throughout: the kernels' times add up within it)
     kernels: list[KernelTime] = field(default_factory=list)  # by time, slowest first
     builtins_ms: float = 0.0  # the VM's builtins (allocation, shape checks, ...) per run
     log: str | None = None
@@ -108,8 +108,9 @@ def measure(runner, args: list, *, runs: int, warmup: int, sync=None) -> tuple[l
 
 
 def summarize(per_run: list[dict[str, list[float]]]) -> tuple[list[tuple[str, int, float]], float]:
-    """(name, calls per run, median ms per run) of every function, slowest first, and the median
-    time per run of the VM's builtins."""
+    """(name, calls per run, mean ms per run) of every function, slowest first, and the mean time
+    per run of the VM's builtins. Means, not medians: every call lies inside its run, so the
+    kernels' means add up to at most the runs' mean (medians need not)."""
     names = {n for run in per_run for n in run}
     rows, builtins = [], [0.0] * len(per_run)
     for n in names:
@@ -118,9 +119,9 @@ def summarize(per_run: list[dict[str, list[float]]]) -> tuple[list[tuple[str, in
             builtins = [a + b for a, b in zip(builtins, totals)]
             continue
         calls = round(statistics.median(len(run.get(n, [])) for run in per_run))
-        rows.append((n, calls, statistics.median(totals)))
+        rows.append((n, calls, statistics.fmean(totals)))
     rows.sort(key=lambda r: -r[2])
-    return rows, statistics.median(builtins) if per_run else 0.0
+    return rows, statistics.fmean(builtins) if per_run else 0.0
 
 
 def kernel_rows(rows, tasks: list[dict], log_best: dict[str, float] | None) -> list[KernelTime]:
@@ -159,7 +160,7 @@ def table(p: Profile, top: int = 20) -> str:
                  f"{100 * p.builtins_ms / total:>5.1f}%")
     lines.append("")
     lines.append(f"latency {p.wall_ms:.3f} ms (median of {p.runs} runs, {p.threads} threads); instrumented "
-                 f"{p.instrumented_ms:.3f} ms, of which kernels {p.kernels_ms:.3f} ms")
+                 f"{p.instrumented_ms:.3f} ms (mean), of which kernels {p.kernels_ms:.3f} ms")
     est = p.log_estimate_ms
     if est is not None:
         covered = [k for k in p.kernels if k.log_ms]
