@@ -21,8 +21,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from deploytool import targets as _targets
+from deploytool import cublas as _cublas
 from deploytool import splitk
+from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
 from deploytool.errors import CheckError, InputError, ShapeError
 from deploytool.frontend import ModelInfo, import_model, import_onnx, load_onnx, model_info, parse_input_shapes
@@ -251,7 +252,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
                                          "split_k": splitk.applies(tgt, dtype, split_k),
                                          "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
-                                         "cublas": _cublas_applies(tgt, dtype, cublas),
+                                         "cublas": _cublas.applies(tgt, dtype, cublas),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()},
                                          "kernel_table": [dict(t.to_dict(), schedule=sched.get(t.name))
@@ -452,17 +453,18 @@ def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned
     LocalRunner.check_loadable(art)
     threads = threads or _targets.physical_cores()
     runner = LocalRunner(art, threads=threads)
-    args = runner.to_device(_inputs_for(art, inputs, seed))
+    feed = _inputs_for(art, inputs, seed)
     sync = runner.device.sync if _on_gpu(art) else None
     progress(f"profiling {Path(artifact).name}: {warmup} warm-up + {runs} runs")
-    plain = runner.time(_inputs_for(art, inputs, seed), warmup=warmup, repeats=runs)
+    plain = runner.time(feed, warmup=warmup, repeats=runs)
+    args = runner.to_device(feed)
     per_run, walls = _profile.measure(runner, args, runs=runs, warmup=warmup, sync=sync)
     rows, builtins_ms = _profile.summarize(per_run)
     kernels = _profile.kernel_rows(rows, tasks_, log_best)
     import statistics
 
     return _profile.Profile(artifact=str(artifact), runs=runs, threads=threads, wall_ms=plain.median_ms,
-                            instrumented_ms=statistics.median(walls) * 1e3, kernels=kernels, builtins_ms=builtins_ms,
+                            instrumented_ms=statistics.fmean(walls) * 1e3, kernels=kernels, builtins_ms=builtins_ms,
                             log=str(tuning_log) if tuning_log is not None else None, log_machine=machine, notes=notes)
 
 
@@ -576,7 +578,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
                         "split_k": splitk.applies(tgt, dtype, split_k),
                         "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
-                        "cublas": _cublas_applies(tgt, dtype, cublas)})
+                        "cublas": _cublas.applies(tgt, dtype, cublas)})
 
 
 def _cost_model_file(choice: str, tgt):
@@ -593,14 +595,8 @@ def _cost_model_file(choice: str, tgt):
 
 
 # ----------------------------------------------------------------------------- logs
-def _cublas_applies(tgt, dtype: str, cublas: bool) -> bool:
-    from deploytool import cublas as _cublas
-
-    return _cublas.applies(tgt, dtype, cublas)
-
-
 def _check_cublas(tgt, dtype: str, cublas: bool) -> None:
-    if cublas and not _cublas_applies(tgt, dtype, cublas):
+    if cublas and not _cublas.applies(tgt, dtype, cublas):
         raise InputError(f"--cublas: cuBLAS matmuls are for CUDA targets in float16, not {tgt.name} in {dtype}",
                          "drop --cublas, or add --dtype float16 for a CUDA target")
 

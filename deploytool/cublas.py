@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from deploytool.errors import ToolchainError
@@ -91,12 +90,12 @@ def preload() -> str | None:
             return name
         except OSError:
             pass
-    roots = [p for p in sys.path if p.endswith("site-packages")] + ["/usr/local/cuda/lib64"] \
-        + sorted(glob.glob("/usr/local/cuda-*/lib64"))
-    for root in roots:
-        for path in sorted(glob.glob(os.path.join(root, "nvidia", "cu*", "lib", "libcublas.so.*"))
-                           + glob.glob(os.path.join(root, "nvidia", "cublas", "lib", "libcublas.so.*"))
-                           + glob.glob(os.path.join(root, "libcublas.so.*")), reverse=True):
+    from deploytool.cuda import nvidia_dirs
+
+    dirs = [os.path.join(d, sub, "lib") for d in nvidia_dirs() for sub in ("cu*", "cublas")]  # pip's (torch's)
+    dirs += ["/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64"]  # toolkits
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "libcublas.so.*")), reverse=True):
             try:
                 ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
                 return path

@@ -19,14 +19,19 @@ from deploytool.errors import TargetError, ToolchainError
 INSTALL_HINT = "pip install 'deploytool[cuda]' (NVRTC and the CUDA headers as pip wheels), or install a CUDA toolkit"
 
 
-def _pip_cuda_root() -> Path | None:
-    """The CUDA headers NVIDIA's pip wheels install (site-packages/nvidia/cu13), if any."""
+def nvidia_dirs() -> list[Path]:
+    """The folders of the ``nvidia`` namespace package that NVIDIA's pip wheels (and torch's) install."""
     try:
         import nvidia  # namespace package of NVIDIA's wheels
     except ImportError:
-        return None
-    for base in getattr(nvidia, "__path__", []):
-        for sub in sorted(Path(base).glob("cu*"), reverse=True):
+        return []
+    return [Path(base) for base in getattr(nvidia, "__path__", [])]
+
+
+def _pip_cuda_root() -> Path | None:
+    """The CUDA headers NVIDIA's pip wheels install (site-packages/nvidia/cu13), if any."""
+    for base in nvidia_dirs():
+        for sub in sorted(base.glob("cu*"), reverse=True):
             if (sub / "include" / "cuda_runtime.h").is_file():
                 return sub
     return None

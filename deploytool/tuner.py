@@ -26,7 +26,7 @@ from typing import Any, Callable
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
 from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
-                                  to_py)
+                                  timed_name, to_py)
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +238,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     # run's records name their machine (see deploytool.tuninglog)
     machine = device_name(header["device"])
     timing = "cold" if header["measure"].get("cpu_timing") == "cold" else None
-    here = (old or TuningLog(path=log_path, header=header)).timed_name(machine, timing)
+    here = timed_name(machine, timing, target.family != "cuda")
     foreign = None
     if old is not None:
         mine = [r for r in old.records if old.device_of(r) == here]
@@ -291,12 +291,13 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         jobs = []
         for st in states:
             sch = fn(s_tir.Schedule(wmods[st.workload]))
-            if kernel_hash(sch.mod) not in measured:
-                jobs.append((st, sch))
+            h = kernel_hash(sch.mod)
+            if h not in measured:
+                jobs.append((st, sch, h))
         if jobs:
-            outs = measurer.measure([sch.mod for _, sch in jobs], [st.args for st, _ in jobs])
-            for (st, sch), out in zip(jobs, outs):
-                r = record(st, kernel_hash(sch.mod), to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
+            outs = measurer.measure([sch.mod for _, sch, _ in jobs], [st.args for st, _, _ in jobs])
+            for (st, sch, h), out in zip(jobs, outs):
+                r = record(st, h, to_py(sch.trace.as_json(remove_postproc=False)), out, "default")
                 seeded.append((st, sch))
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:

@@ -126,7 +126,14 @@ def device_name(device: dict[str, Any] | None) -> str:
     return f"{cpu}, {d['threads']} threads" if d.get("threads") else cpu
 
 
-WARM = ", warm caches"  # see TuningLog.timed_name
+WARM = ", warm caches"  # see timed_name
+
+
+def timed_name(machine: str, timing: str | None, cpu: bool) -> str:
+    """A machine's name as latencies compare: on CPUs, records not timed cold (see
+    measure.cpu_timing: before 2026-12-01 every record, or --no-cache-flush) are another
+    machine's, since their latencies are not comparable with cold ones."""
+    return machine + WARM if cpu and timing != "cold" else machine
 
 
 def _processor(name: str) -> str:
@@ -236,13 +243,7 @@ class TuningLog:
     def home(self) -> str:
         """The machine (as device_of names it) of the run that wrote the header."""
         cold = (self.header.get("measure") or {}).get("cpu_timing") == "cold"
-        return self.timed_name(self.device, "cold" if cold else None)
-
-    def timed_name(self, machine: str, timing: str | None) -> str:
-        """A machine's name as latencies compare: on CPUs, records not timed cold (see
-        measure.cpu_timing: before 2026-12-01 every record, or --no-cache-flush) are another
-        machine's, since their latencies are not comparable with cold ones."""
-        return machine + WARM if self.cpu and timing != "cold" else machine
+        return timed_name(self.device, "cold" if cold else None, self.cpu)
 
     def machine_of(self, r: Record) -> str:
         """The machine that measured a record (its device_name, however it was timed)."""
@@ -250,7 +251,7 @@ class TuningLog:
 
     def device_of(self, r: Record) -> str:
         """The machine a record's latency compares within: machine_of, plus how it was timed."""
-        return self.timed_name(self.machine_of(r), r.timing)
+        return timed_name(self.machine_of(r), r.timing, self.cpu)
 
     def devices(self) -> dict[str, int]:
         """Machine name -> how many records it measured, header's machine first."""

@@ -88,19 +88,17 @@ class TensorCoreMatmul:
         return MatmulTensorization().apply(func, target, False)
 
 
-def _loads(expr) -> bool:
-    """Whether an index expression reads a tensor."""
-    if "Load" in type(expr).__name__:
+def _contains(expr, pred) -> bool:
+    """Whether ``pred`` holds for ``expr`` or a sub-expression of it (an index expression)."""
+    if pred(expr):
         return True
-    return any(_loads(getattr(expr, f)) for f in ("a", "b", "value", "condition", "true_value", "false_value")
+    return any(_contains(getattr(expr, f), pred) for f in ("a", "b", "value", "condition", "true_value", "false_value")
                if hasattr(expr, f) and not isinstance(getattr(expr, f), (int, float, str)))
 
 
-def _mentions(expr, var) -> bool:
-    if expr.same_as(var):
-        return True
-    return any(_mentions(getattr(expr, f), var) for f in ("a", "b", "value") if hasattr(expr, f)
-               and not isinstance(getattr(expr, f), (int, float, str)))
+def _loads(expr) -> bool:
+    """Whether an index expression reads a tensor."""
+    return _contains(expr, lambda e: "Load" in type(e).__name__)
 
 
 def _coef(expr, var):
@@ -110,7 +108,7 @@ def _coef(expr, var):
 
     if expr.same_as(var):
         return 1
-    if not _mentions(expr, var):
+    if not _contains(expr, lambda e: e.same_as(var)):
         return 0
     if isinstance(expr, (tirx.Add, tirx.Sub)):
         a, b = _coef(expr.a, var), _coef(expr.b, var)
@@ -149,6 +147,14 @@ class VectorizedElementwise:
         writes = sch.get(block).writes
         if len(writes) != 1:
             return None
+        for region in sch.get(block).reads:  # one element per iteration each, at an index computed
+            for r in region.region:            # from the loops (not read from a tensor, as take does)
+                if not isinstance(r.extent, tirx.IntImm) or int(r.extent) != 1 or _loads(r.min):
+                    return None
+        last = sch.get(block).iter_vars[-1].var  # the lanes' axis
+        contiguous = [_coef(region.region[-1].min, last) == 1
+                      and all(_coef(r.min, last) == 0 for r in region.region[:-1])
+                      for region in sch.get(block).reads]
         loops = sch.get_loops(block)
         extents = [sch.get(loop).extent for loop in loops]
         if not loops or not all(isinstance(e, tirx.IntImm) for e in extents):
@@ -170,14 +176,6 @@ class VectorizedElementwise:
         bx, tx = sch.split(fused, [None, self.THREADS])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        last = sch.get(block).iter_vars[-1].var  # the lanes' axis
-        contiguous = [_coef(region.region[-1].min, last) == 1
-                      and all(_coef(r.min, last) == 0 for r in region.region[:-1])
-                      for region in sch.get(block).reads]
-        for region in sch.get(block).reads:  # one element per iteration each, at an index computed
-            for r in region.region:            # from the loops (not read from a tensor, as take does)
-                if not isinstance(r.extent, tirx.IntImm) or int(r.extent) != 1 or _loads(r.min):
-                    return None
         for i in range(len(sch.get(block).reads)):
             cached = sch.cache_read(block, i, "local")
             sch.compute_at(cached, tx)
@@ -186,7 +184,7 @@ class VectorizedElementwise:
             for loop in copy:
                 e = sch.get(loop).extent
                 size = size * int(e) if isinstance(e, tirx.IntImm) else -1
-            if not 0 < size <= lanes:  # a gather (take), or a read across the axis
+            if not 0 < size <= lanes:  # more than the thread's lanes: not an elementwise read
                 return None
             if copy and contiguous[i]:  # one 16-byte load (TVM's CUDA codegen breaks on strided
                 sch.vectorize(copy[-1])  # float16 vector loads: those stay a loop of scalar ones)
