@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from deploytool.schedules.space import inline_is_cheap
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ def _inline_producers(sch, block, keep_padding: bool = False) -> list:
                 if not any(sch.get(k).same_as(sch.get(p)) for k in kept):
                     kept.append(p)
                 continue
-            if _is_spatial_block(sch, p):
+            if _is_spatial_block(sch, p) and inline_is_cheap(sch, p):
                 try:
                     sch.compute_inline(p)
                     changed = True
@@ -178,6 +179,8 @@ def _inline_spatial_intermediates(sch, root, keep: list = ()) -> None:
     for b in sch.get_child_blocks(root):
         if any(sch.get(b).same_as(k) for k in skip) or not _is_spatial_block(sch, b):
             continue
+        if not inline_is_cheap(sch, b):
+            continue  # materialized: copying it into each read would grow the consumer exponentially
         try:
             sch.compute_inline(b)
         except Exception:

@@ -53,6 +53,82 @@ def unscheduled_kernels(mod):
             and not (func.attrs is not None and func.attrs.get("tirx.is_scheduled", False))]
 
 
+_EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "args", "indices", "base", "stride",
+                "body")
+# Limits on what inlining may build. compute_inline copies the producer's expression into every read
+# of it, and elementwise chains whose ops read their input more than once (Where(x < lo, lo, x), an
+# isfinite test, a saturating cast) grow the consumer exponentially where they join. TVM's simplifier
+# is worse than linear in nested selects: QLinearMatMul's requantization chain, inlined into one
+# expression of 1,223 nodes and 40 selects, took 114 s to build for a 2x3 output (299 nodes and 9
+# selects: 4 s; materialized at 8 selects: 0.3 s). The corpus peaks at 572 nodes (YOLOv3-tiny's concat)
+# and 5 selects.
+MAX_INLINED_NODES = 5000
+MAX_INLINED_SELECTS = 8
+
+
+def expr_size(expr, memo: dict | None = None) -> tuple[int, int]:
+    """(nodes, selects) of ``expr`` as a tree (what the simplifier and code generator walk): a
+    sub-expression shared in memory counts once per occurrence. Linear in the DAG's size."""
+    memo = {} if memo is None else memo
+    if expr is None or isinstance(expr, (int, float, str, bool)):
+        return 0, 0
+    if expr in memo:
+        return memo[expr]
+    kind = type(expr).__name__
+    n, sel = 1, int(kind == "Select" or (kind == "Call" and "if_then_else" in str(getattr(expr, "op", ""))))
+    for f in _EXPR_FIELDS:
+        child = getattr(expr, f, None)
+        if child is None or isinstance(child, (int, float, str, bool)):
+            continue
+        for c in (child if f in ("args", "indices") else [child]):
+            if hasattr(c, "same_as"):
+                cn, cs = expr_size(c, memo)
+                n, sel = n + cn, sel + cs
+    memo[expr] = (n, sel)
+    return n, sel
+
+
+def _loads_of(expr, buf, memo: dict) -> int:
+    """How many times ``expr`` (as a tree) reads ``buf``."""
+    if expr is None or isinstance(expr, (int, float, str, bool)):
+        return 0
+    if expr in memo:
+        return memo[expr]
+    n = 0
+    if "Load" in type(expr).__name__:  # TVM 0.27's BufferLoad is a TensorLoad whose source is the buffer
+        src = getattr(expr, "buffer", None) or getattr(expr, "source", None)
+        n = int(src is not None and src.same_as(buf))
+    for f in _EXPR_FIELDS:
+        child = getattr(expr, f, None)
+        if child is None or isinstance(child, (int, float, str, bool)):
+            continue
+        for c in (child if f in ("args", "indices") else [child]):
+            if hasattr(c, "same_as"):
+                n += _loads_of(c, buf, memo)
+    memo[expr] = n
+    return n
+
+
+def inline_is_cheap(sch, block) -> bool:
+    """Whether compute_inline(``block``) keeps every consumer's expression under the limits above
+    (where the producer adds selects: a big concat stays inlinable into its consumer)."""
+    body = sch.get(block).body
+    if type(body).__name__ != "BufferStore":
+        return True  # TVM refuses such inlines itself
+    nodes, selects = expr_size(body.value)
+    for c in sch.get_consumers(block):
+        cbody = sch.get(c).body
+        if type(cbody).__name__ != "BufferStore":
+            continue
+        reads = _loads_of(cbody.value, body.buffer, {})
+        if not reads:
+            continue
+        cn, cs = expr_size(cbody.value)
+        if cn + reads * nodes > MAX_INLINED_NODES or (selects and cs + reads * selects > MAX_INLINED_SELECTS):
+            return False
+    return True
+
+
 def as_scheduled(func, sch):
     """The kernel ``sch`` made of ``func``'s workload module, keeping ``func``'s global symbol, marked
     scheduled."""

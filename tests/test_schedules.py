@@ -148,3 +148,45 @@ def test_constant_powers_become_roots_and_match_onnxruntime(tmp_path):
     assert "R.power" not in text and text.count("R.sqrt") == 3
     res = deploytool.compile(src, output=tmp_path / "lrn.so")
     assert deploytool.run(res.artifact.path, check=src).ok
+
+
+def test_chains_of_selects_are_not_inlined_into_one_exponential_expression(tmp_path):
+    """Clip (as two Wheres, each reading its input directly and through its comparison) twice
+    after a MatMul: inlined into one expression it would double at each Where (QLinearMatMul's
+    requantization chain took 114 s to build a 2x3 output). The default schedule materializes the
+    chain where it would pass the limits, and the numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    from tvm import s_tir, tirx
+
+    from deploytool import frontend, pipeline, targets
+    from deploytool.schedules import space
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 1, (8, 6)).astype(np.float32), "w")]
+    nodes, cur = [helper.make_node("MatMul", ["x", "w"], ["m"])], "m"
+    for i in range(2):
+        inits += [numpy_helper.from_array(np.array(-2.0 + 0.3 * i, np.float32), f"lo{i}"),
+                  numpy_helper.from_array(np.array(2.0 - 0.3 * i, np.float32), f"hi{i}")]
+        nodes += [helper.make_node("Clip", [cur, f"lo{i}", f"hi{i}"], [f"c{i}"]),
+                  helper.make_node("Mul", [f"c{i}", f"c{i}"], [f"s{i}"])]
+        cur = f"s{i}"
+    nodes[-1].output[0] = "y"
+    g = helper.make_graph(nodes, "clips", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])], inits)
+    src = tmp_path / "clips.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+
+    tgt = targets.load("x86")
+    mod = cpu.apply(pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, tgt), tgt), tgt)
+    biggest = (0, 0)
+    for _, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc):
+            sch = s_tir.Schedule(func)
+            for b in sch.get_child_blocks(sch.get_sblock("root")):
+                body = sch.get(b).body
+                if type(body).__name__ == "BufferStore":
+                    biggest = max(biggest, space.expr_size(body.value))
+    assert biggest[0] <= space.MAX_INLINED_NODES and biggest[1] <= space.MAX_INLINED_SELECTS, biggest
+    res = deploytool.compile(src, output=tmp_path / "clips.so")
+    assert deploytool.run(res.artifact.path, check=src).ok
