@@ -66,6 +66,15 @@ MAX_INLINED_NODES = 5000
 MAX_INLINED_SELECTS = 8
 
 
+def _children(expr):
+    """The sub-expressions of a TIR expression (operands, call arguments, load indices)."""
+    for f in _EXPR_FIELDS:
+        child = getattr(expr, f, None)
+        if child is None or isinstance(child, (int, float, str, bool)):
+            continue
+        yield from (c for c in (child if f in ("args", "indices") else [child]) if hasattr(c, "same_as"))
+
+
 def expr_size(expr, memo: dict | None = None) -> tuple[int, int]:
     """(nodes, selects) of ``expr`` as a tree (what the simplifier and code generator walk): a
     sub-expression shared in memory counts once per occurrence. Linear in the DAG's size."""
@@ -76,14 +85,9 @@ def expr_size(expr, memo: dict | None = None) -> tuple[int, int]:
         return memo[expr]
     kind = type(expr).__name__
     n, sel = 1, int(kind == "Select" or (kind == "Call" and "if_then_else" in str(getattr(expr, "op", ""))))
-    for f in _EXPR_FIELDS:
-        child = getattr(expr, f, None)
-        if child is None or isinstance(child, (int, float, str, bool)):
-            continue
-        for c in (child if f in ("args", "indices") else [child]):
-            if hasattr(c, "same_as"):
-                cn, cs = expr_size(c, memo)
-                n, sel = n + cn, sel + cs
+    for c in _children(expr):
+        cn, cs = expr_size(c, memo)
+        n, sel = n + cn, sel + cs
     memo[expr] = (n, sel)
     return n, sel
 
@@ -98,13 +102,7 @@ def _loads_of(expr, buf, memo: dict) -> int:
     if "Load" in type(expr).__name__:  # TVM 0.27's BufferLoad is a TensorLoad whose source is the buffer
         src = getattr(expr, "buffer", None) or getattr(expr, "source", None)
         n = int(src is not None and src.same_as(buf))
-    for f in _EXPR_FIELDS:
-        child = getattr(expr, f, None)
-        if child is None or isinstance(child, (int, float, str, bool)):
-            continue
-        for c in (child if f in ("args", "indices") else [child]):
-            if hasattr(c, "same_as"):
-                n += _loads_of(c, buf, memo)
+    n += sum(_loads_of(c, buf, memo) for c in _children(expr))
     memo[expr] = n
     return n
 
