@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
 from deploytool.schedules.space import inline_is_cheap
 
 log = logging.getLogger(__name__)

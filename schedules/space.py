@@ -60,8 +60,8 @@ _EXPR_FIELDS = ("a", "b", "value", "condition", "true_value", "false_value", "ar
 # isfinite test, a saturating cast) grow the consumer exponentially where they join. TVM's simplifier
 # is worse than linear in nested selects: QLinearMatMul's requantization chain, inlined into one
 # expression of 1,223 nodes and 40 selects, took 114 s to build for a 2x3 output (299 nodes and 9
-# selects: 4 s; materialized at 8 selects: 0.3 s). The corpus peaks at 572 nodes (YOLOv3-tiny's concat)
-# and 5 selects.
+# selects: 4 s more; with these limits the whole case, TVM's import included, takes 4.6 s). The corpus
+# peaks at 572 nodes (YOLOv3-tiny's concat) and 5 selects.
 MAX_INLINED_NODES = 5000
 MAX_INLINED_SELECTS = 8
 
