@@ -538,6 +538,13 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    f"board, and this machine is {_targets.host_arch()}",
                                    "pass --rpc HOST:PORT (a board running `deploytool device serve`), or --tracker "
                                    "HOST:PORT --key KEY; without hardware: `deploytool device emulate arm`")
+    elif spec is None and (lacking := _targets.missing_features(tgt.required_features, tgt.arch)):
+        # timed here, its candidates would die of SIGILL: a log of failures and a meaningless summary
+        portable = _targets.portable_preset()
+        raise _targets.TargetError(f"target '{tgt.name}' needs CPU features this machine lacks "
+                                   f"({', '.join(lacking)}), so its kernels cannot be timed here",
+                                   f"tune for --target x86 (this machine){f' or {portable}' if portable else ''}, "
+                                   "or measure on a machine that has them with --rpc HOST:PORT")
     ranker = "metaschedule" if cost_model.split(":", 1)[0] == "metaschedule" else "deploytool"
     cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
     ms_file = Path(cost_model.split(":", 1)[1]) if ranker == "metaschedule" and ":" in cost_model else None

@@ -269,6 +269,49 @@ def bitcast(node, ctx):
     return [_nd("Cast", [node.input[0]], [node.output[0]], to=dst)]
 
 
+# ONNX integer element types -> (bits, signed, the unsigned type of that width)
+INT_TYPES = {2: (8, False, 2), 3: (8, True, 2), 4: (16, False, 4), 5: (16, True, 4), 6: (32, True, 12),
+             12: (32, False, 12), 7: (64, True, 13), 13: (64, False, 13)}
+
+
+def bit_shift(node, ctx):
+    """BitShift with every shift amount defined: the amount is read as unsigned (a negative one is
+    huge), and one of the type's width or more shifts every bit out (0; the sign on a signed right
+    shift), as ONNX's reference computes. LLVM leaves such shifts undefined, and what the machine
+    gives differs by ISA (AVX-512's variable byte shifts saturate the amount, AVX2's scalar shifts
+    mask it): shift by min(amount, width - 1) instead, and pick 0 where the amount was too large."""
+    x, s, y = node.input[0], node.input[1], node.output[0]
+    t = ctx.elem.get(x)
+    if t not in INT_TYPES or ctx.elem.get(s) != t:
+        return None
+    bits, signed, unsigned = INT_TYPES[t]
+    right = _attrs(node).get("direction", b"") in (b"RIGHT", "RIGHT")
+    n = ctx.name
+    nodes = [_nd("Cast", [s], [n("u")], to=unsigned)] if signed else [_nd("Identity", [s], [n("u")])]
+    nodes += [_nd("Cast", [ctx.const("last", np.array(bits - 1))], [n("last")], to=unsigned),
+              _nd("Min", [n("u"), n("last")], [n("um")]), _nd("Cast", [n("um")], [n("amt")], to=t)]
+    shift = _nd("BitShift", [x, n("amt")], [y if right and signed else n("sh")])
+    shift.attribute.extend(node.attribute)
+    nodes.append(shift)
+    if right and signed:  # shifting by width - 1 already fills with the sign
+        return nodes
+    return nodes + [_nd("Greater", [n("u"), n("last")], [n("big")]), _nd("Cast", [ctx.const("zero", np.array(0))],
+                                                                         [n("zero")], to=t),
+                    _nd("Where", [n("big"), n("zero"), n("sh")], [y])]
+
+
+def cast_to_subbyte(node, ctx):
+    """A float Cast (or CastLike) to a 2/4-bit integer wraps modulo 2^bits in ONNX's reference
+    (-9.0 -> uint4 7). LLVM's float-to-narrow-unsigned conversion of a negative value is undefined
+    (it gave 7 with AVX-512 and 0 with AVX2): convert to int32 first (exact for these values), then
+    narrow, which keeps the low bits."""
+    x, y = node.input[0], node.output[0]
+    to = _attrs(node).get("to") if node.op_type == "Cast" else ctx.elem.get(_input(node, 1))
+    if ctx.elem.get(x) not in FLOAT_TYPES or to not in SUBBYTE:
+        return None
+    return [_nd("Cast", [x], [ctx.name("i32")], to=6), _nd("Cast", [ctx.name("i32")], [y], to=to)]
+
+
 # ----------------------------------------------------------------------------- quantization
 def _float_param(ctx, p: str, tag: str, x: str, axis: int, block: int):
     """Nodes and the name of quantization parameter ``p`` as float32 (cast first: a float8/4-bit
@@ -696,6 +739,7 @@ CONVERTERS = {
     "RMSNormalization": rms_normalization, "SpaceToDepth": space_to_depth, "BitCast": bitcast, "Mod": mod,
     "DequantizeLinear": dequantize_linear, "QuantizeLinear": quantize_linear, "QLinearMatMul": qlinear_matmul,
     "QLinearConv": qlinear_conv, "ConvInteger": conv_integer, "DFT": dft, "Upsample": upsample, "Resize": resize,
+    "BitShift": bit_shift, "Cast": cast_to_subbyte, "CastLike": cast_to_subbyte,
 }
 
 

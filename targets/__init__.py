@@ -253,3 +253,18 @@ def missing_features(required: list[str] | tuple[str, ...], arch: str, cpuinfo: 
     if not flags:  # cannot tell (no /proc/cpuinfo): let the loader try
         return []
     return sorted(f for f in required if f not in flags)
+
+
+# Portable presets, most capable first: the first one this machine runs is the one whose shipped
+# tuning logs it replays (`make demo`, tests/test_tuning.py::test_shipped_log_replays).
+PORTABLE_X86 = ("x86-avx512", "x86-avx2")
+
+
+def portable_preset(cpuinfo: str | None = None) -> str | None:
+    """The most capable portable x86 preset this machine can run (None: not x86-64, or no AVX2)."""
+    if host_arch() != "x86_64":
+        return None
+    for name in PORTABLE_X86:
+        if not missing_features(load(name).required_features, "x86_64", cpuinfo):
+            return name
+    return None
