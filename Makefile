@@ -32,14 +32,16 @@ toolchains:
 	  $$SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# The demo replays the shipped tuning log for this machine's ISA (x86-avx512); elsewhere it tunes
-# the model briefly for this CPU first (a few minutes), then builds from that log.
+# The demo replays the shipped tuning log for the most capable portable preset this machine runs
+# (x86-avx512, else x86-avx2); elsewhere it tunes the model briefly for this CPU first (a few
+# minutes), then builds from that log.
 demo: setup
 	mkdir -p $(OUT)
 	$(DT) inspect $(MODEL)
-	@preset=$$($(PY) -c "from deploytool import targets as t; print('x86-avx512' if t.host_arch() == 'x86_64' and not t.missing_features(t.load('x86-avx512').required_features, 'x86_64') else 'x86')"); \
-	if [ "$$preset" = x86-avx512 ]; then log=tuning_logs/squeezenet1.0-x86-avx512.jsonl; \
-	else log=$(OUT)/squeezenet1.0-x86.jsonl; set -x; $(DT) tune $(MODEL) --target x86 --trials 320 -o $$log || exit 1; set +x; fi; \
+	@preset=$$($(PY) -c "from deploytool import targets as t; print(t.portable_preset() or 'x86')"); \
+	log=tuning_logs/squeezenet1.0-$$preset.jsonl; [ -f "$$log" ] || log=$$log.gz; \
+	if [ ! -f "$$log" ]; then preset=x86; log=$(OUT)/squeezenet1.0-x86.jsonl; set -x; \
+	  $(DT) tune $(MODEL) --target x86 --trials 320 -o $$log || exit 1; set +x; fi; \
 	set -ex; \
 	$(DT) logs show $$log | head -12; \
 	$(DT) compile $(MODEL) --target $$preset --tuning-log $$log --require-tuned -o $(OUT)/squeezenet.so; \

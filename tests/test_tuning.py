@@ -523,6 +523,7 @@ def test_shipped_log_replays(tmp_path, cli, preset):
     model = REPO / "deploytool" / "data" / "squeezenet1.0.onnx"
     so = tmp_path / "sq.so"
     log = REPO / "tuning_logs" / f"squeezenet1.0-{preset}.jsonl"
+    log = log if log.is_file() else log.with_suffix(".jsonl.gz")
     r = cli("compile", model, "--target", preset, "--tuning-log", log, "--require-tuned", "-o", so)
     assert r.code == 0, r
     meta = json.loads(cli("metadata", so).out)
