@@ -540,6 +540,7 @@ def test_compressed_logs_read_merge_and_refuse_appends(tmp_path, cli):
     .gz, one cut short reads up to the cut, and tuning into one is refused with the fix."""
     import gzip
 
+    from deploytool import targets
     from deploytool.tuninglog import TuningLog
 
     from test_cli import assert_one_line_error
@@ -561,7 +562,8 @@ def test_compressed_logs_read_merge_and_refuse_appends(tmp_path, cli):
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gz.read_bytes()[: gz.stat().st_size * 9 // 10])  # records fill the end
     assert 0 < len(TuningLog.read(cut).records) < len(plain.records)
-    assert_one_line_error(cli("tune", model, "--target", "x86-avx512", "-o", gz), "cannot append to the compressed",
+    here = targets.portable_preset() or "x86"  # a target this machine can time
+    assert_one_line_error(cli("tune", model, "--target", here, "-o", gz), "cannot append to the compressed",
                           "gunzip -k")
 
 
