@@ -53,18 +53,32 @@ def family_of(target) -> str:
     return f"{target.family}-{target.arch}"
 
 
-def pretrained_path(target) -> Path | None:
-    p = PRETRAINED_DIR / f"{family_of(target)}.ubj"
-    return p if p.is_file() else None
+# A family without a model of its own tunes from its nearest one's: the x86-avx512 model held out of
+# SqueezeNet and tuning it for x86-avx2 on a Zen 3 stood ahead of learning from scratch at every
+# budget up to 16 trials per kernel (3 seeds; 2.5-3.4x fewer trials to the from-scratch run's
+# 458-trial level on two; bench/results/pretrain-transfer-avx2.md), though far from what it does on
+# its own ISA. Only for tuning, which measures and fine-tunes: never for --predict.
+NEAREST_FAMILY = {"x86-avx2": "x86-avx512"}
 
 
-def resolve(choice: str, target) -> Path | None:
-    """``--cost-model``: "none" (learn from scratch), "pretrained" (this family's shipped model, or
-    none when there is no such file), or a model file. Raises FileNotFoundError for a missing file."""
+def pretrained_path(target, nearest: bool = False) -> Path | None:
+    """The family's shipped model; with ``nearest``, else its nearest family's (NEAREST_FAMILY)."""
+    family = family_of(target)
+    for f in (family, NEAREST_FAMILY.get(family) if nearest else None):
+        p = PRETRAINED_DIR / f"{f}.ubj"
+        if f and p.is_file():
+            return p
+    return None
+
+
+def resolve(choice: str, target, nearest: bool = False) -> Path | None:
+    """``--cost-model``: "none" (learn from scratch), "pretrained" (this family's shipped model --
+    with ``nearest``, else its nearest family's -- or none when there is no such file), or a model
+    file. Raises FileNotFoundError for a missing file."""
     if choice in (None, "", "none"):
         return None
     if choice == "pretrained":
-        return pretrained_path(target)
+        return pretrained_path(target, nearest)
     p = Path(choice)
     if not p.is_file() or not p.with_suffix(".meta.json").is_file():
         raise FileNotFoundError(choice)

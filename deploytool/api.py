@@ -546,7 +546,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                    f"tune for --target x86 (this machine){f' or {portable}' if portable else ''}, "
                                    "or measure on a machine that has them with --rpc HOST:PORT")
     ranker = "metaschedule" if cost_model.split(":", 1)[0] == "metaschedule" else "deploytool"
-    cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt)
+    cm_file = None if ranker == "metaschedule" else _cost_model_file(cost_model, tgt, nearest=True)
     ms_file = Path(cost_model.split(":", 1)[1]) if ranker == "metaschedule" and ":" in cost_model else None
     if ms_file is not None and not ms_file.is_file():
         raise InputError(f"--cost-model metaschedule:FILE: no such file {ms_file}",
@@ -574,7 +574,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
              + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
                 "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
-                f"{cm_file.name} (pretrained, fine-tuned as it goes)" if cm_file else "learned from scratch"))
+                f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
+                else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
                        seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
                        cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
@@ -588,12 +589,25 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                         "cublas": _cublas.applies(tgt, dtype, cublas)})
 
 
-def _cost_model_file(choice: str, tgt):
-    """The pretrained cost model file ``--cost-model`` names for ``tgt`` (None: from scratch)."""
+def _other_family(cm_file: Path, tgt) -> str:
+    """' on x86-avx512 logs, this target is x86-avx2' when a model of another family tunes ``tgt``."""
     from deploytool.cost_model import pretrain
 
     try:
-        return pretrain.resolve(choice, tgt)
+        trained = json.loads(cm_file.with_suffix(".meta.json").read_text()).get("family")
+    except (OSError, ValueError):
+        return ""
+    mine = pretrain.family_of(tgt)
+    return f" on {trained} logs, this target is {mine}" if trained and trained != mine else ""
+
+
+def _cost_model_file(choice: str, tgt, nearest: bool = False):
+    """The pretrained cost model file ``--cost-model`` names for ``tgt`` (None: from scratch);
+    ``nearest``: a family without a model takes its nearest family's (tuning only)."""
+    from deploytool.cost_model import pretrain
+
+    try:
+        return pretrain.resolve(choice, tgt, nearest)
     except FileNotFoundError:
         raise InputError(f"--cost-model '{choice}' is not a cost model file (a .ubj or .json with its .meta.json "
                          "next to it)",

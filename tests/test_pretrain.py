@@ -145,3 +145,21 @@ def test_target_families():
     assert family_of(targets.load("x86-avx2")) == "x86-avx2"
     assert family_of(targets.load("arm")) == "aarch64-neon"
     assert family_of(targets.load("cuda-sm80")) == "cuda-sm_80"
+
+
+def test_a_family_without_a_model_tunes_from_its_nearest_and_predicts_from_none(cli, tiny_model, tmp_path):
+    """x86-avx2 ships no model: tuning starts from the x86-avx512 one (measured ahead of from scratch
+    on a Zen 3) and says so; --predict, which measures nothing, does not take another ISA's model."""
+    from deploytool.cost_model import pretrain as P
+
+    avx2 = targets.load("x86-avx2")
+    assert P.resolve("pretrained", avx2, nearest=True) == P.PRETRAINED_DIR / "x86-avx512.ubj"
+    assert P.resolve("pretrained", avx2) is None
+    assert P.resolve("pretrained", targets.load("arm"), nearest=True) is None
+    assert_one_line_error(cli("compile", tiny_model, "--target", "x86-avx2", "--predict", "-o", tmp_path / "p.so"),
+                          "no pretrained cost model for x86-avx2")
+    if targets.missing_features(avx2.required_features, avx2.arch):
+        pytest.skip("this machine cannot time x86-avx2 kernels")
+    r = cli("tune", tiny_model, "--target", "x86-avx2", "-o", tmp_path / "t.jsonl", *TINY)
+    assert r.code == 0, r
+    assert "cost model: x86-avx512.ubj (pretrained on x86-avx512 logs, this target is x86-avx2" in r.err, r.err
