@@ -779,9 +779,21 @@ def _context(model):
     return ctx
 
 
+# nodes a converter surely leaves alone, told apart without shape inference (which a model of
+# hundreds of MB of weights pays for in seconds): most models cast, few to 2/4-bit types
+_SURELY_KEPT = {"Cast": lambda n: _attrs(n).get("to") not in SUBBYTE}
+
+
+def _may_convert(node) -> bool:
+    if node.op_type not in CONVERTERS or node.domain not in _STD:
+        return False
+    kept = _SURELY_KEPT.get(node.op_type)
+    return kept is None or not kept(node)
+
+
 def convert(model) -> set[str]:
     """Rewrite the top-level nodes that a converter takes, in place; returns the op types rewritten."""
-    if not any(n.op_type in CONVERTERS and n.domain in _STD for n in model.graph.node):
+    if not any(_may_convert(n) for n in model.graph.node):
         return set()
     ctx = _context(model)
     done, nodes = set(), []
