@@ -129,7 +129,7 @@ def run_ort(onnx_path: Path, feeds, warmup: int, repeats: int) -> dict | None:
 
 
 def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir: Path, warmup: int, repeats: int,
-                   ref, tag: str = "", split_k: bool = True, cublas: bool = False) -> dict:
+                   ref, tag: str = "", split_k: bool = True, cublas: bool = False, cudnn: bool = False) -> dict:
     import deploytool
     from deploytool.artifact import Artifact
     from deploytool.reference import compare
@@ -138,7 +138,8 @@ def run_deploytool(onnx_path: Path, feeds, dtype: str, log: Path | None, out_dir
     so = out_dir / f"{onnx_path.stem}-{dtype}{tag}-cuda.so"
     t0 = time.perf_counter()
     res = deploytool.compile(onnx_path, target="cuda", output=so, dtype=dtype, split_k=split_k,
-                             cublas=cublas and dtype == "float16", tuning_log=log if log and log.exists() else None)
+                             cublas=cublas and dtype == "float16", cudnn=cudnn and dtype == "float16",
+                             tuning_log=log if log and log.exists() else None)
     compile_s = time.perf_counter() - t0
     runner = LocalRunner(Artifact.open(so))
     outs = runner.run(feeds)
@@ -185,6 +186,8 @@ def main(argv=None) -> int:
                     "(deploytool.splitk): its logs were tuned on the unsplit kernels")
     ap.add_argument("--cublas", action="store_true", help="float16 rows: build deploytool with --cublas (matmuls "
                     "on cuBLAS); --also-tir adds the build without it as a column deploytool_tir")
+    ap.add_argument("--cudnn", action="store_true", help="float16 rows: build deploytool with --cudnn (convolutions "
+                    "on cuDNN, NHWC, epilogues fused); --also-tir adds the build without it as a column deploytool_tir")
     ap.add_argument("--also-tir", action="store_true")
     ap.add_argument("--torch-only", action="store_true", help="time only the torch engines (deploytool rows "
                     "from an earlier run of the same script)")
@@ -212,10 +215,11 @@ def main(argv=None) -> int:
                     if args.torch_only:
                         raise RuntimeError("not run (--torch-only)")
                     row["deploytool"] = run_deploytool(path, feeds, dtype, log, cache, args.warmup, args.repeats, ref,
-                                                       cublas=args.cublas)
+                                                       cublas=args.cublas, cudnn=args.cudnn)
                     row["log"] = log.name if log.exists() else None
                     row["cublas"] = args.cublas and dtype == "float16"
-                    if row["cublas"] and args.also_tir:
+                    row["cudnn"] = args.cudnn and dtype == "float16"
+                    if (row["cublas"] or row["cudnn"]) and args.also_tir:
                         row["deploytool_tir"] = run_deploytool(path, feeds, dtype, log, cache, args.warmup,
                                                                args.repeats, ref, tag="-tir")
                 except Exception as e:  # a failed engine is a row entry, not the end of the run

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from deploytool import cublas as _cublas
+from deploytool import cudnn as _cudnn
 from deploytool import splitk
 from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
@@ -162,7 +163,7 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
             dtype: str = "float32", predict: str | None = None, split_k: bool = True,
-            winograd: bool = False, cublas: bool = False, tuned_on: str | None = None,
+            winograd: bool = False, cublas: bool = False, cudnn: bool = False, tuned_on: str | None = None,
             progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules),
@@ -186,7 +187,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
     _check_winograd(tgt, dtype, winograd)
-    _check_cublas(tgt, dtype, cublas)
+    _check_cublas(tgt, dtype, cublas, cudnn)
     if output is None:
         output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
     if require_tuned and tuning_log is None:
@@ -224,7 +225,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
 
     bound = _bindings(bind_inputs)
     imported = stage("import", import_model, model, _shapes(input_shapes), bound)
-    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k, winograd, cublas)
+    mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
     progress(f"{len(task_list)} kernels to schedule and build")
@@ -253,6 +254,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                          "split_k": splitk.applies(tgt, dtype, split_k),
                                          "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
                                          "cublas": _cublas.applies(tgt, dtype, cublas),
+                                         "cudnn": _cudnn.applies(tgt, dtype, cudnn),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
                                          "bound_inputs": {k: v.tolist() for k, v in bound.items()},
                                          "kernel_table": [dict(t.to_dict(), schedule=sched.get(t.name))
@@ -480,7 +482,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
-         split_k: bool = True, winograd: bool = False, cublas: bool = False, first_round: int | None = None,
+         split_k: bool = True, winograd: bool = False, cublas: bool = False, cudnn: bool = False,
+         first_round: int | None = None,
          kernels: str | None = None,
          on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
@@ -525,6 +528,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
     _check_winograd(tgt, dtype, winograd)
+    _check_cublas(tgt, dtype, cublas, cudnn)
     spec = _device_spec(device)
     if tgt.family == "cuda":
         from deploytool import cuda
@@ -561,7 +565,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
 
     require_appendable(output)
     imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas), tgt)
+    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
     task_list = pipeline.tasks(mod)
     if kernels:
         pats = [k.strip() for k in kernels.split(",") if k.strip()]
@@ -586,7 +590,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                  model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
                         "split_k": splitk.applies(tgt, dtype, split_k),
                         "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
-                        "cublas": _cublas.applies(tgt, dtype, cublas)})
+                        "cublas": _cublas.applies(tgt, dtype, cublas),
+                        "cudnn": _cudnn.applies(tgt, dtype, cudnn)})
 
 
 def _other_family(cm_file: Path, tgt) -> str:
@@ -616,10 +621,12 @@ def _cost_model_file(choice: str, tgt, nearest: bool = False):
 
 
 # ----------------------------------------------------------------------------- logs
-def _check_cublas(tgt, dtype: str, cublas: bool) -> None:
-    if cublas and not _cublas.applies(tgt, dtype, cublas):
-        raise InputError(f"--cublas: cuBLAS matmuls are for CUDA targets in float16, not {tgt.name} in {dtype}",
-                         "drop --cublas, or add --dtype float16 for a CUDA target")
+def _check_cublas(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> None:
+    """--cublas and --cudnn are for CUDA targets in float16: a one-line error elsewhere."""
+    for flag, on, what in (("--cublas", cublas, "cuBLAS matmuls"), ("--cudnn", cudnn, "cuDNN convolutions")):
+        if on and not (tgt.family == "cuda" and dtype == "float16"):
+            raise InputError(f"{flag}: {what} are for CUDA targets in float16, not {tgt.name} in {dtype}",
+                             f"drop {flag}, or add --dtype float16 for a CUDA target")
 
 
 def _check_winograd(tgt, dtype: str, winograd: bool) -> None:
@@ -691,7 +698,7 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
 
 def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
                allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True, winograd: bool = False,
-               cublas: bool = False):
+               cublas: bool = False, cudnn: bool = False):
     """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
     or holds timings from an emulated board, unless ``allow_emulated``)."""
     from deploytool import logs, pipeline
@@ -700,15 +707,15 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
     _check_winograd(tgt, dtype, winograd)
-    _check_cublas(tgt, dtype, cublas)
+    _check_cublas(tgt, dtype, cublas, cudnn)
     tlog.check_target(tgt)
     if tlog.header.get("emulated") and not allow_emulated:
         raise TuningLogError(f"tuning log {log} was measured on an emulated board ({tlog.header['emulated']}): its "
                              f"timings do not rank schedules for a real {tgt.arch} board",
                              "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
-    task_list = pipeline.tasks(pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas),
-                                                  tgt))
+    mod = pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn)
+    task_list = pipeline.tasks(pipeline.partition(mod, tgt))
     return logs.coverage(tlog, task_list)
 
 

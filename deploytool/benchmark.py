@@ -300,6 +300,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     if f.is_file():
         parts.append("### Timing tuning candidates with a cold L2: `python bench/gpu.py --alt-log-dir`\n\n"
                      + markdown_gpu(json.loads(f.read_text())))
+    f = results_dir / "gpu-cudnn.json"
+    if f.is_file():
+        parts.append("### Convolutions on cuDNN: `python bench/gpu.py --cudnn`\n\n" + markdown_gpu(json.loads(f.read_text())))
     f = results_dir / "gpu_profile.md"
     if f.is_file():
         parts.append("### Where the GPU time goes: `python bench/gpu_profile.py`\n\n" + f.read_text())

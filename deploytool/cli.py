@@ -94,7 +94,8 @@ def cmd_compile(args) -> int:
     prog = _Progress(args.quiet)
     r = api.compile(args.model, target=args.target, output=args.output, input_shapes=args.input_shape,
                     bind_inputs=args.bind_input, dtype=args.dtype, split_k=args.split_k, winograd=args.winograd,
-                    cublas=args.cublas, tuning_log=args.tuning_log, require_tuned=args.require_tuned, predict=args.predict,
+                    cublas=args.cublas, cudnn=args.cudnn, tuning_log=args.tuning_log,
+                    require_tuned=args.require_tuned, predict=args.predict,
                     tuned_on=args.tuned_on, progress=prog)
     stages = ", ".join(f"{k} {v:.1f}s" for k, v in r.stage_seconds.items())
     if r.artifact.path.is_dir():
@@ -270,7 +271,8 @@ def cmd_tune(args) -> int:
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
-                 winograd=args.winograd, cublas=args.cublas, first_round=args.first_round, kernels=args.kernels,
+                 winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round,
+                 kernels=args.kernels,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -306,7 +308,7 @@ def cmd_logs(args) -> int:
         print(f"dropped {dropped} record(s); wrote {args.output or args.log}")
     else:
         cov = api.logs_check(args.log, args.model, target=args.target, input_shapes=args.input_shape, dtype=args.dtype,
-                             split_k=args.split_k, winograd=args.winograd, cublas=args.cublas,
+                             split_k=args.split_k, winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn,
                              allow_emulated=args.allow_emulated)
         if args.json:
             print(json.dumps({"covered": cov.covered, "missing": cov.missing}, indent=1))
@@ -478,6 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--cublas", action="store_true",
                         help="CUDA, float16: matmuls on cuBLAS's GEMMs (loaded when the model runs; "
                         "building needs no CUDA toolkit), the rest on TVM's kernels")
+        sp.add_argument("--cudnn", action="store_true",
+                        help="experimental (slower than the default on an H200 so far): CUDA, float16: "
+                        "convolutions in NHWC on cuDNN, with the bias, residual and ReLU after them fused "
+                        "(loaded when the model runs; building needs no cuDNN), the rest on TVM's kernels")
 
     def device_args(sp, what):
         sp.add_argument("--device", metavar="HOST:PORT|KEY@HOST:PORT",

@@ -42,7 +42,7 @@ DTYPES = ("float32", "float16")
 
 
 def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd: bool = False,
-             cublas: bool = False):
+             cublas: bool = False, cudnn: bool = False):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
     data layouts the target family's schedules want (weights are re-laid out once, here).
 
@@ -53,11 +53,14 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
     unless ``split_k`` is False. ``winograd``: on CPUs, float32 3x3 stride-1 convolutions in
     Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs).
-    ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K."""
+    ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K.
+    ``cudnn``: CUDA, float16: convolutions in NHWC on cuDNN with their bias/residual/ReLU
+    (deploytool.cudnn), before split-K (which then sees no convolution)."""
     import tvm
     from tvm import relax
 
     from deploytool import cublas as _cublas
+    from deploytool import cudnn as _cudnn
     from deploytool import schedules, splitk
 
     passes = [
@@ -77,6 +80,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
         passes.append(relax.transform.EliminateCommonSubexpr())
     if _cublas.applies(target, dtype, cublas):
         passes.append(_cublas.offload_pass())
+    if _cudnn.applies(target, dtype, cudnn):
+        passes.append(_cudnn.offload_pass())
     if splitk.applies(target, dtype, split_k):
         passes.append(splitk.split_k_pass(splitk.sm_count(target)))
     mod = _run_passes(tvm.transform.Sequential(passes), mod, target, "graph optimization")
@@ -408,7 +413,9 @@ def build(mod, target: Target):
 
         cuda.ensure_compiler()
     t = target.tvm_target()
-    cuda_graph = target.family == "cuda"
+    # not with cuDNN calls: RewriteCUDAGraph captures extern calls too, so their first call (where
+    # cuDNN times its algorithms and workspace memory is allocated) would run under stream capture
+    cuda_graph = target.family == "cuda" and not calls_extern(mod, "deploytool.cudnn.")
     ctx = tvm.transform.PassContext.current()
     if cuda_graph:  # the pass reads its switch from the PassContext
         ctx = tvm.transform.PassContext(opt_level=ctx.opt_level, config={**dict(ctx.config),
@@ -419,6 +426,22 @@ def build(mod, target: Target):
     except Exception as e:
         raise BuildError(f"code generation for {target.name} failed: {describe(e)}",
                          "rerun with --verbose and file an issue with the model attached") from e
+
+
+def calls_extern(mod, prefix: str) -> bool:
+    """Whether a Relax function of ``mod`` calls a packed function whose name starts with ``prefix``."""
+    from tvm import relax
+
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.ExternFunc) and str(e.global_symbol).startswith(prefix):
+            found.append(e)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function) and not found:
+            relax.analysis.post_order_visit(func.body, visit)
+    return bool(found)
 
 
 def toolchain_cc(target: Target) -> str:
@@ -458,6 +481,10 @@ def export(executable, target: Target, path: str | Path, metadata: dict[str, Any
             from deploytool import cublas as _cublas
 
             addons.append(str(_cublas.compile_object(cc, tmp)))
+        if metadata.get("cudnn"):
+            from deploytool import cudnn as _cudnn
+
+            addons.append(str(_cudnn.compile_object(cc, tmp)))
         fcompile = tvm_cc.cross_compiler(cc) if target.toolchain.get("cross") else None
         tmp_out = path.with_name(path.name + ".tmp")
         try:

@@ -138,6 +138,10 @@ class LocalRunner(_VMRunner):
             from deploytool import cublas
 
             cublas.preload()
+        if artifact.metadata.get("cudnn"):  # its convolutions dlopen libcudnn: find pip's or the system's
+            from deploytool import cudnn
+
+            cudnn.preload()
         try:
             lib = tvm.runtime.load_module(str(artifact.path))
         except Exception as e:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from deploytool.vendor import static_shape
+
 # SMs per GPU arch: the usual part of each (H100/H200, A100, RTX 30xx/A40, RTX 40xx/L40, Orin).
 SM_COUNT = {"sm_90": 132, "sm_80": 108, "sm_86": 84, "sm_89": 128, "sm_87": 16}
 TILE = 64  # the output tile assumed per thread block
@@ -107,16 +109,6 @@ def _sum_chunks(parts, axis: int, dtype: str):
     return te.compute(shape, body, name="sum_splitk")
 
 
-def _static_shape(expr):
-    shape = getattr(expr.ty, "shape", None)
-    if shape is None:
-        return None
-    try:
-        return [int(d) for d in shape]
-    except (TypeError, ValueError):
-        return None
-
-
 def applies(target, dtype: str, split_k: bool = True) -> bool:
     """Whether a build for ``target`` in ``dtype`` splits K (CUDA, float16 or float32, not turned off)."""
     return bool(split_k) and target.family == "cuda" and dtype in ("float16", "float32")
@@ -140,7 +132,7 @@ def split_k_pass(sm_count: int):
             in_dtypes = {str(a.ty.dtype) for a in call.args}
             if out_dtype not in ("float16", "float32") or len(in_dtypes) != 1 or in_dtypes - {"float16", "float32"}:
                 return call
-            a_shape, b_shape, o_shape = (_static_shape(e) for e in (call.args[0], call.args[1], call))
+            a_shape, b_shape, o_shape = (static_shape(e) for e in (call.args[0], call.args[1], call))
             if a_shape is None or b_shape is None or o_shape is None:
                 return call
             if call.op.name == "relax.matmul":

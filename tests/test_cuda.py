@@ -468,12 +468,91 @@ def test_cublas_builds_here_and_is_refused_where_it_does_not_apply(cli, tmp_path
         assert_one_line_error(r, "--cublas")
 
 
+def _conv_block_model(path):
+    """A residual block: relu(bn(conv3x3)) -> bn(conv3x3), + bn(conv1x1 shortcut) -> relu, then a
+    2x2 convolution padded on one side only (cuDNN pads symmetrically) and a sigmoid."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits, nodes = [], []
+
+    def const(name, a):
+        inits.append(numpy_helper.from_array(a.astype(np.float32), name))
+        return name
+
+    def conv(x, y, cin, cout, k, pads, bn=True):
+        w = const(y + "_w", rng.standard_normal((cout, cin, k, k)) * (2 / (cin * k * k)) ** 0.5)
+        nodes.append(helper.make_node("Conv", [x, w], [y + "_c" if bn else y], pads=pads, kernel_shape=[k, k]))
+        if bn:
+            stats = [rng.uniform(0.5, 1.5, cout), rng.standard_normal(cout) * 0.1, rng.standard_normal(cout) * 0.1,
+                     rng.uniform(0.5, 1.5, cout)]
+            nodes.append(helper.make_node("BatchNormalization", [y + "_c"] + [const(f"{y}_{i}", v) for i, v in
+                                                                               enumerate(stats)], [y]))
+
+    conv("x", "a", 16, 32, 3, [1, 1, 1, 1])
+    nodes.append(helper.make_node("Relu", ["a"], ["ar"]))
+    conv("ar", "b", 32, 32, 3, [1, 1, 1, 1])
+    conv("x", "s", 16, 32, 1, [0, 0, 0, 0])
+    nodes += [helper.make_node("Add", ["b", "s"], ["r"]), helper.make_node("Relu", ["r"], ["rr"])]
+    conv("rr", "d", 32, 8, 2, [0, 0, 1, 1], bn=False)
+    nodes.append(helper.make_node("Sigmoid", ["d"], ["y"]))
+    g = helper.make_graph(nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16, 12, 12])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 12, 12])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.models
+def test_cudnn_takes_each_convolution_with_its_epilogue_builds_here_and_is_refused_elsewhere(cli, tmp_path):
+    """--cudnn (CUDA, float16): the convolutions become calls of deploytool.cudnn.conv2d on NHWC
+    tensors with what cuDNN fuses after them (bias + ReLU; bias + residual + ReLU; the shortcut's
+    bias), the transposes between consecutive calls cancel (one NCHW -> NHWC at the input, one
+    back before the TVM convolution), the one-sided padding stays a TVM kernel, and the build
+    captures no CUDA graph (cuDNN times its algorithms at the first call). Built on this machine,
+    with no CUDA toolkit or cuDNN; elsewhere a one-line error."""
+    from tvm import relax
+
+    from deploytool import cudnn, pipeline, targets
+    from deploytool.frontend import import_model
+
+    model = _conv_block_model(tmp_path / "block.onnx")
+    mod = pipeline.optimize(import_model(model).mod, targets.load("cuda"), "float16", cudnn=True)
+    calls = []
+    relax.analysis.post_order_visit(mod["main"].body, lambda e: calls.append(e) if isinstance(e, relax.Call) else None)
+    offloaded = [c for c in calls if len(c.args) == 2 and isinstance(c.args[0], relax.ExternFunc)
+                 and c.args[0].global_symbol == cudnn.FUNC]
+    # [..., relu, has_bias, has_z] per call, and the convolutions left to TVM
+    assert sorted(tuple(int(v) for v in c.args[1].fields[0].values[7:]) for c in offloaded) == \
+        [(0, 1, 0), (1, 1, 0), (1, 1, 1)]
+    left = [c for c in calls if getattr(c.op, "name", "") == "relax.nn.conv2d"]
+    assert [[int(p) for p in c.attrs.padding] for c in left] == [[0, 0, 1, 1]]
+    permutes = [[int(a) for a in c.attrs.axes] for c in calls if getattr(c.op, "name", "") == "relax.permute_dims"]
+    assert sorted(permutes) == [[0, 2, 3, 1], [0, 3, 1, 2]]
+    out = tmp_path / "block.so"
+    r = cli("compile", model, "--target", "cuda", "--dtype", "float16", "--cudnn", "-o", out, "-q")
+    assert r.code == 0, r
+    meta = json.loads(cli("metadata", out).out)
+    assert meta["cudnn"] is True and b"deploytool.cudnn.conv2d" in out.read_bytes()
+    assert len([t for t in meta["kernel_table"] if "conv2d" in t["name"]]) == 1
+    plain = tmp_path / "plain.so"
+    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "-o", plain, "-q").code == 0
+    assert b"cuda_graph" in plain.read_bytes() and b"cuda_graph" not in out.read_bytes()
+    for args in (["--target", "x86"], ["--target", "cuda"]):  # not CUDA; CUDA in float32
+        assert_one_line_error(cli("compile", model, *args, "--cudnn", "-o", tmp_path / "x.so"), "--cudnn")
+
+
 @pytest.mark.gpu
 @needs_gpu
-def test_gpu_cublas_matmuls_match_onnxruntime(cli, tmp_path):
-    model = _matmul_model(tmp_path / "mm.onnx")
-    out = tmp_path / "mm.so"
-    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "--cublas", "-o", out, "-q").code == 0
+@pytest.mark.parametrize("flag, make", [("--cublas", _matmul_model), ("--cudnn", _conv_block_model)])
+def test_gpu_vendor_library_calls_match_onnxruntime(cli, tmp_path, flag, make):
+    """--cublas's matmuls, --cudnn's convolutions with their fused epilogues, run on the GPU."""
+    model = make(tmp_path / "m.onnx")
+    out = tmp_path / "m.so"
+    assert cli("compile", model, "--target", "cuda", "--dtype", "float16", flag, "-o", out, "-q").code == 0
     r = cli("run", out, "--check", model)
     assert r.code == 0 and "check passed" in r.out, r
 

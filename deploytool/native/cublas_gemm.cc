@@ -24,6 +24,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "dlopen_first.h"
+
 namespace {
 
 using Handle = void*;
@@ -53,16 +55,9 @@ const Api& api() {
   static Api a;
   static std::once_flag once;
   std::call_once(once, [] {
-    void* lib = nullptr;
     std::string tried;
-    const char* env = std::getenv("DEPLOYTOOL_CUBLAS");
-    const char* names[] = {env, "libcublas.so.13", "libcublas.so.12", "libcublas.so"};
-    for (const char* n : names) {
-      if (n == nullptr || *n == '\0') continue;
-      lib = dlopen(n, RTLD_NOW | RTLD_GLOBAL);
-      if (lib != nullptr) break;
-      tried += std::string(tried.empty() ? "" : ", ") + n;
-    }
+    void* lib =
+        deploytool::dlopen_first("DEPLOYTOOL_CUBLAS", {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}, &tried);
     if (lib == nullptr) {
       a.error = "cuBLAS not found (tried " + tried +
                 "): install it (the CUDA toolkit, or pip's nvidia-cublas), or set DEPLOYTOOL_CUBLAS to "
