@@ -187,7 +187,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
     _check_winograd(tgt, dtype, winograd)
-    _check_cublas(tgt, dtype, cublas, cudnn)
+    _check_vendor_libs(tgt, dtype, cublas, cudnn)
     if output is None:
         output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
     if require_tuned and tuning_log is None:
@@ -528,7 +528,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
     _check_winograd(tgt, dtype, winograd)
-    _check_cublas(tgt, dtype, cublas, cudnn)
+    _check_vendor_libs(tgt, dtype, cublas, cudnn)
     spec = _device_spec(device)
     if tgt.family == "cuda":
         from deploytool import cuda
@@ -621,7 +621,7 @@ def _cost_model_file(choice: str, tgt, nearest: bool = False):
 
 
 # ----------------------------------------------------------------------------- logs
-def _check_cublas(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> None:
+def _check_vendor_libs(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> None:
     """--cublas and --cudnn are for CUDA targets in float16: a one-line error elsewhere."""
     for flag, on, what in (("--cublas", cublas, "cuBLAS matmuls"), ("--cudnn", cudnn, "cuDNN convolutions")):
         if on and not (tgt.family == "cuda" and dtype == "float16"):
@@ -707,7 +707,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
     _check_winograd(tgt, dtype, winograd)
-    _check_cublas(tgt, dtype, cublas, cudnn)
+    _check_vendor_libs(tgt, dtype, cublas, cudnn)
     tlog.check_target(tgt)
     if tlog.header.get("emulated") and not allow_emulated:
         raise TuningLogError(f"tuning log {log} was measured on an emulated board ({tlog.header['emulated']}): its "

@@ -415,7 +415,9 @@ def build(mod, target: Target):
     t = target.tvm_target()
     # not with cuDNN calls: RewriteCUDAGraph captures extern calls too, so their first call (where
     # cuDNN times its algorithms and workspace memory is allocated) would run under stream capture
-    cuda_graph = target.family == "cuda" and not calls_extern(mod, "deploytool.cudnn.")
+    from deploytool import cudnn as _cudnn
+
+    cuda_graph = target.family == "cuda" and not calls_extern(mod, _cudnn.FUNC)
     ctx = tvm.transform.PassContext.current()
     if cuda_graph:  # the pass reads its switch from the PassContext
         ctx = tvm.transform.PassContext(opt_level=ctx.opt_level, config={**dict(ctx.config),
@@ -428,14 +430,14 @@ def build(mod, target: Target):
                          "rerun with --verbose and file an issue with the model attached") from e
 
 
-def calls_extern(mod, prefix: str) -> bool:
-    """Whether a Relax function of ``mod`` calls a packed function whose name starts with ``prefix``."""
+def calls_extern(mod, name: str) -> bool:
+    """Whether a Relax function of ``mod`` calls the packed function ``name``."""
     from tvm import relax
 
     found = []
 
     def visit(e):
-        if isinstance(e, relax.ExternFunc) and str(e.global_symbol).startswith(prefix):
+        if isinstance(e, relax.ExternFunc) and str(e.global_symbol) == name:
             found.append(e)
 
     for func in mod.functions.values():

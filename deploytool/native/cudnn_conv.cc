@@ -94,6 +94,7 @@ struct Api {
   Status (*activation)(Handle, Desc, const void*, Desc, const void*, const void*, Desc, void*) = nullptr;
   void* (*alloc_ws)(int, int, uint64_t, int, int) = nullptr;
   int (*free_ws)(int, int, void*) = nullptr;
+  int verbose = 0;  // $DEPLOYTOOL_CUDNN_VERBOSE: 1 plans and fused-call decisions, 2 also every call
   std::string error;
 };
 
@@ -107,6 +108,8 @@ const Api& api() {
   static Api a;
   static std::once_flag once;
   std::call_once(once, [] {
+    const char* verbose = std::getenv("DEPLOYTOOL_CUDNN_VERBOSE");
+    a.verbose = verbose == nullptr ? 0 : (verbose[0] == '2' ? 2 : 1);
     std::string tried;
     void* lib = deploytool::dlopen_first("DEPLOYTOOL_CUDNN", {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, &tried);
     if (lib == nullptr) {
@@ -179,14 +182,14 @@ struct Workspace {  // TVM's pooled device memory for one call
 // what a convolution is, as the cache's key: device, x's and w's shapes, params
 using Key = std::tuple<int, std::array<int64_t, 4>, std::array<int64_t, 4>, std::vector<int64_t>>;
 
-enum class Mode { kFused, kSeparate };
+// how a plan's epilogue runs: not tried yet (the first call with a bias tries the fused call)
+enum class Mode { kUntried, kFused, kSeparate };
 
 struct Plan {
   Desc x, w, y, bias, conv, act_relu, act_identity;
   int algo = 0;
   size_t workspace = 0;
-  Mode mode = Mode::kSeparate;
-  bool decided = false;  // whether the fused call was tried on a real call
+  Mode mode = Mode::kUntried;
 };
 
 std::array<int64_t, 4> dims(const DLTensor* t) { return {t->shape[0], t->shape[1], t->shape[2], t->shape[3]}; }
@@ -244,7 +247,7 @@ Plan make_plan(Handle h, const std::vector<int64_t>& p, const DLTensor* x, const
   if (best < 0) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: cuDNN has no algorithm for this convolution";
   pl.algo = perf[best].algo;
   pl.workspace = perf[best].memory;
-  if (std::getenv("DEPLOYTOOL_CUDNN_VERBOSE"))
+  if (f.verbose)
     std::fprintf(stderr,
                  "deploytool.cudnn.conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld]: algo %d, %.3f ms, %zu B\n",
                  (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2], (long long)x->shape[3],
@@ -314,8 +317,7 @@ void Conv2d(tvm::ffi::PackedArgs args, tvm::ffi::Any* /*rv*/) {
   check(f.set_stream(h, TVMFFIEnvGetStream(kDLCUDA, device)), "cudnnSetStream");
   Plan& pl = plan_for(h, p, x, w, y);
   const bool epilogue = relu || bias || z;
-  const char* verbose = std::getenv("DEPLOYTOOL_CUDNN_VERBOSE");
-  if (verbose && verbose[0] == '2')
+  if (f.verbose == 2)
     std::fprintf(stderr, "deploytool.cudnn.conv2d call: x %p w %p b %p z %p y %p algo %d ws %zu mode %d\n", data(x),
                  data(w), bias ? data(bias) : nullptr, z ? data(z) : nullptr, data(y), pl.algo, pl.workspace,
                  static_cast<int>(pl.mode));
@@ -324,8 +326,7 @@ void Conv2d(tvm::ffi::PackedArgs args, tvm::ffi::Any* /*rv*/) {
     return;
   }
   // the fused call needs a bias; ReLU or identity after it (identity with one algorithm only)
-  if (bias && !pl.decided) {
-    pl.decided = true;
+  if (bias && pl.mode == Mode::kUntried) {
     int algo = pl.algo;
     if (!relu) pl.algo = kImplicitPrecompGemm;
     size_t bytes = pl.workspace;
@@ -333,7 +334,7 @@ void Conv2d(tvm::ffi::PackedArgs args, tvm::ffi::Any* /*rv*/) {
     const size_t kept = pl.workspace;
     pl.workspace = bytes;
     const Status st = run_fused(h, pl, relu, x, w, bias, z, y);
-    if (std::getenv("DEPLOYTOOL_CUDNN_VERBOSE"))
+    if (f.verbose)
       std::fprintf(stderr, "deploytool.cudnn.conv2d: fused bias%s%s: %s (status %d)\n", z ? "+residual" : "",
                    relu ? "+relu" : "", st == 0 ? "taken" : "refused, separate calls", st);
     if (st == 0) {
