@@ -2,23 +2,26 @@
 // residual and ReLU that follow them, on cuDNN (see deploytool/cudnn.py). Linked into the
 // artifact; registers the function when the .so is loaded.
 //
-// It needs no CUDA toolkit or cuDNN to build: the few cuDNN entry points it calls (the "legacy"
-// API, in cuDNN 8 and 9) are declared here and resolved with dlopen at the first call
-// (libcudnn.so.9, .so.8, .so, or $DEPLOYTOOL_CUDNN), so a machine without a GPU builds GPU artifacts.
+// It needs no CUDA toolkit or cuDNN to build: cuDNN's graph (backend) API is declared in
+// cudnn_graph.h and resolved with dlopen at the first call (libcudnn.so.9, .so.8, .so, or
+// $DEPLOYTOOL_CUDNN), so a machine without a GPU builds GPU artifacts.
 //
 //   conv2d(params, x, w, [bias], [z], y)
 //   params = [stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups, relu, has_bias, has_z]
 //   x[N, H, W, C], w[K, R, S, C / groups], bias[K], z[N, P, Q, K], y[N, P, Q, K]: float16
-//   y = conv(x, w) (+ bias) (+ z), then ReLU if relu; float32 accumulation (cuDNN's
-//   "pseudo-half" configuration, what torch does for float16 convolutions).
+//   y = conv(x, w) (+ bias) (+ z), then ReLU if relu; float32 accumulation, the epilogue on the
+//   float32 accumulator, one rounding to float16.
 //
-// Per shape, the first call picks the fastest algorithm by timing each on this GPU
-// (cudnnFindConvolutionForwardAlgorithmEx) and checks that cuDNN's fused
-// convolution-bias-activation takes it; where it does not, the epilogue runs as cuDNN's
-// add/activation calls after the convolution (slower, same result). Workspace memory comes from
-// TVM's workspace pool (TVMBackendAllocWorkspace): after the first call, the pool's blocks are
-// reused. Builds with these calls capture no CUDA graph (deploytool/pipeline.py: the first call's
-// algorithm search cannot run under stream capture).
+// Per shape, the first call builds the cuDNN graph of the convolution with its epilogue, takes
+// the engine configurations cuDNN's heuristics give, times the first few on the call's buffers
+// and keeps the fastest (cudnn_graph.h). Where no engine takes the fused graph, the convolution
+// is planned alone and the epilogue runs as cuDNN's legacy add/activation calls (slower, same
+// result). Workspace memory comes from TVM's workspace pool (TVMBackendAllocWorkspace). Builds
+// with these calls capture no CUDA graph (deploytool/pipeline.py: the first call's timing of
+// engines cannot run under stream capture).
+//
+// $DEPLOYTOOL_CUDNN_VERBOSE=1 prints each plan (the engines timed, the one kept), =2 also every
+// call; $DEPLOYTOOL_CUDNN_CANDIDATES (default 4) sets how many engine configurations are timed.
 
 #include <dlfcn.h>
 #include <tvm/ffi/container/shape.h>
@@ -28,130 +31,75 @@
 #include <tvm/ffi/function.h>
 #include <tvm/ffi/reflection/registry.h>
 
-#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "dlopen_first.h"
+#include "cudnn_graph.h"
+#include "register_once.h"
 
 namespace {
 
-using Handle = void*;
-using Desc = void*;
-using Status = int;
+namespace cg = deploytool::cudnn_graph;
+using cg::Desc;
+using cg::Handle;
+using cg::Status;
 
-// cudnn.h's values (stable across cuDNN 7, 8 and 9)
-constexpr int kFloat = 0, kHalf = 2;             // cudnnDataType_t
-constexpr int kNCHW = 0, kNHWC = 1;              // cudnnTensorFormat_t
-constexpr int kCrossCorrelation = 1;             // cudnnConvolutionMode_t
-constexpr int kTensorOpMath = 1;                 // cudnnMathType_t
-constexpr int kReLU = 1, kIdentity = 5;          // cudnnActivationMode_t
-constexpr int kNotPropagateNan = 0;              // cudnnNanPropagation_t
-constexpr int kImplicitPrecompGemm = 1;          // cudnnConvolutionFwdAlgo_t
-constexpr int kAlgoCount = 8;
-constexpr size_t kMaxWorkspace = size_t(512) << 20;
-constexpr int kCUDA = 2;                         // kDLCUDA
+// cudnn.h's legacy values (stable across cuDNN 7, 8 and 9), for the unfused epilogue
+constexpr int kHalf = 2, kNCHW = 0, kNHWC = 1;  // cudnnDataType_t, cudnnTensorFormat_t
+constexpr int kReLU = 1, kNotPropagateNan = 0;  // cudnnActivationMode_t, cudnnNanPropagation_t
+constexpr int kCUDA = 2;                        // kDLCUDA
 
-struct AlgoPerf {  // cudnnConvolutionFwdAlgoPerf_t
-  int algo;
-  Status status;
-  float time;
-  size_t memory;
-  int determinism;
-  int math_type;
-  int reserved[3];
-};
-
-struct Api {
-  Status (*create)(Handle*) = nullptr;
-  Status (*set_stream)(Handle, void*) = nullptr;
-  const char* (*error_string)(Status) = nullptr;
+// what the glue needs beyond cudnn_graph.h: the legacy epilogue calls and TVM's workspace pool
+struct Extra {
   Status (*create_tensor)(Desc*) = nullptr;
   Status (*set_tensor4d)(Desc, int, int, int, int, int, int) = nullptr;
-  Status (*create_filter)(Desc*) = nullptr;
-  Status (*set_filter4d)(Desc, int, int, int, int, int, int) = nullptr;
-  Status (*create_conv)(Desc*) = nullptr;
-  Status (*set_conv2d)(Desc, int, int, int, int, int, int, int, int) = nullptr;
-  Status (*set_math)(Desc, int) = nullptr;
-  Status (*set_groups)(Desc, int) = nullptr;
   Status (*create_act)(Desc*) = nullptr;
   Status (*set_act)(Desc, int, int, double) = nullptr;
-  Status (*find_ex)(Handle, Desc, const void*, Desc, const void*, Desc, Desc, void*, int, int*, AlgoPerf*, void*,
-                    size_t) = nullptr;
-  Status (*ws_size)(Handle, Desc, Desc, Desc, Desc, int, size_t*) = nullptr;
-  Status (*forward)(Handle, const void*, Desc, const void*, Desc, const void*, Desc, int, void*, size_t, const void*,
-                    Desc, void*) = nullptr;
-  Status (*fused)(Handle, const void*, Desc, const void*, Desc, const void*, Desc, int, void*, size_t, const void*,
-                  Desc, const void*, Desc, const void*, Desc, Desc, void*) = nullptr;
   Status (*add_tensor)(Handle, const void*, Desc, const void*, const void*, Desc, void*) = nullptr;
   Status (*activation)(Handle, Desc, const void*, Desc, const void*, const void*, Desc, void*) = nullptr;
   void* (*alloc_ws)(int, int, uint64_t, int, int) = nullptr;
   int (*free_ws)(int, int, void*) = nullptr;
-  int verbose = 0;  // $DEPLOYTOOL_CUDNN_VERBOSE: 1 plans and fused-call decisions, 2 also every call
+  int verbose = 0;     // $DEPLOYTOOL_CUDNN_VERBOSE
+  int candidates = 4;  // $DEPLOYTOOL_CUDNN_CANDIDATES
   std::string error;
 };
 
-template <typename F>
-void bind(void* lib, F* fn, const char* name, std::string* missing) {
-  *fn = reinterpret_cast<F>(dlsym(lib, name));
-  if (*fn == nullptr) *missing += std::string(missing->empty() ? "" : ", ") + name;
-}
-
-const Api& api() {
-  static Api a;
+const Extra& extra() {
+  static Extra a;
   static std::once_flag once;
   std::call_once(once, [] {
     const char* verbose = std::getenv("DEPLOYTOOL_CUDNN_VERBOSE");
     a.verbose = verbose == nullptr ? 0 : (verbose[0] == '2' ? 2 : 1);
-    std::string tried;
+    if (const char* n = std::getenv("DEPLOYTOOL_CUDNN_CANDIDATES")) a.candidates = std::max(1, std::atoi(n));
+    a.error = cg::api().error;
+    if (!a.error.empty()) return;
+    std::string tried;  // already loaded by cg::api(): the same handle
     void* lib = deploytool::dlopen_first("DEPLOYTOOL_CUDNN", {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, &tried);
-    if (lib == nullptr) {
-      a.error = "cuDNN not found (tried " + tried +
-                "): install it (pip's nvidia-cudnn, as torch does, or the system's libcudnn), or set "
-                "DEPLOYTOOL_CUDNN to libcudnn.so's path; or rebuild without --cudnn";
-      return;
-    }
     std::string missing;
-    bind(lib, &a.create, "cudnnCreate", &missing);
-    bind(lib, &a.set_stream, "cudnnSetStream", &missing);
-    bind(lib, &a.error_string, "cudnnGetErrorString", &missing);
-    bind(lib, &a.create_tensor, "cudnnCreateTensorDescriptor", &missing);
-    bind(lib, &a.set_tensor4d, "cudnnSetTensor4dDescriptor", &missing);
-    bind(lib, &a.create_filter, "cudnnCreateFilterDescriptor", &missing);
-    bind(lib, &a.set_filter4d, "cudnnSetFilter4dDescriptor", &missing);
-    bind(lib, &a.create_conv, "cudnnCreateConvolutionDescriptor", &missing);
-    bind(lib, &a.set_conv2d, "cudnnSetConvolution2dDescriptor", &missing);
-    bind(lib, &a.set_math, "cudnnSetConvolutionMathType", &missing);
-    bind(lib, &a.set_groups, "cudnnSetConvolutionGroupCount", &missing);
-    bind(lib, &a.create_act, "cudnnCreateActivationDescriptor", &missing);
-    bind(lib, &a.set_act, "cudnnSetActivationDescriptor", &missing);
-    bind(lib, &a.find_ex, "cudnnFindConvolutionForwardAlgorithmEx", &missing);
-    bind(lib, &a.ws_size, "cudnnGetConvolutionForwardWorkspaceSize", &missing);
-    bind(lib, &a.forward, "cudnnConvolutionForward", &missing);
-    bind(lib, &a.fused, "cudnnConvolutionBiasActivationForward", &missing);
-    bind(lib, &a.add_tensor, "cudnnAddTensor", &missing);
-    bind(lib, &a.activation, "cudnnActivationForward", &missing);
+    cg::bind(lib, &a.create_tensor, "cudnnCreateTensorDescriptor", &missing);
+    cg::bind(lib, &a.set_tensor4d, "cudnnSetTensor4dDescriptor", &missing);
+    cg::bind(lib, &a.create_act, "cudnnCreateActivationDescriptor", &missing);
+    cg::bind(lib, &a.set_act, "cudnnSetActivationDescriptor", &missing);
+    cg::bind(lib, &a.add_tensor, "cudnnAddTensor", &missing);
+    cg::bind(lib, &a.activation, "cudnnActivationForward", &missing);
     // TVM's runtime, loaded (globally) by whatever loaded this artifact
-    bind(RTLD_DEFAULT, &a.alloc_ws, "TVMBackendAllocWorkspace", &missing);
-    bind(RTLD_DEFAULT, &a.free_ws, "TVMBackendFreeWorkspace", &missing);
+    cg::bind(RTLD_DEFAULT, &a.alloc_ws, "TVMBackendAllocWorkspace", &missing);
+    cg::bind(RTLD_DEFAULT, &a.free_ws, "TVMBackendFreeWorkspace", &missing);
     if (!missing.empty()) a.error = "the cuDNN / TVM runtime found lacks " + missing;
   });
   return a;
 }
 
 void check(Status s, const char* what) {
-  if (s != 0) {
-    const char* msg = api().error_string ? api().error_string(s) : "";
-    TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: " << what << " failed: " << msg << " (status " << s
-                                << ")";
-  }
+  if (s != 0) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: " << what << " failed: " << cg::describe(s);
 }
 
 Handle handle_for(int device) {
@@ -160,37 +108,59 @@ Handle handle_for(int device) {
   auto it = handles.find(device);
   if (it != handles.end()) return it->second;
   Handle h = nullptr;
-  check(api().create(&h), "cudnnCreate");
+  check(cg::api().create(&h), "cudnnCreate");
   handles[device] = h;
   return h;
 }
 
-struct Workspace {  // TVM's pooled device memory for one call
+cg::Memory pool(int device) {  // TVM's pooled device memory
+  return {[device](size_t bytes) { return extra().alloc_ws(kCUDA, device, bytes, 2, 16); },
+          [device](void* p) { extra().free_ws(kCUDA, device, p); }};
+}
+
+struct Workspace {  // one call's workspace from the pool
   int device;
   void* ptr = nullptr;
-  Workspace(int dev, size_t bytes) : device(dev) {
+  Workspace(int dev, int64_t bytes) : device(dev) {
     if (bytes > 0) {
-      ptr = api().alloc_ws(kCUDA, dev, bytes, 2, 16);
+      ptr = extra().alloc_ws(kCUDA, dev, static_cast<uint64_t>(bytes), 2, 16);
       if (ptr == nullptr) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: no " << bytes << " B workspace";
     }
   }
   ~Workspace() {
-    if (ptr != nullptr) api().free_ws(kCUDA, device, ptr);
+    if (ptr != nullptr) extra().free_ws(kCUDA, device, ptr);
   }
+};
+
+// the epilogue as legacy calls, for a convolution planned without it
+struct Epilogue {
+  Desc y = nullptr, bias = nullptr, relu = nullptr;
+  Epilogue(const cg::Conv& cv) {
+    const Extra& f = extra();
+    check(f.create_tensor(&y), "cudnnCreateTensorDescriptor");
+    check(f.set_tensor4d(y, kNHWC, kHalf, cv.n, cv.k, cv.p, cv.q), "y descriptor");
+    check(f.create_tensor(&bias), "cudnnCreateTensorDescriptor");
+    check(f.set_tensor4d(bias, kNCHW, kHalf, 1, cv.k, 1, 1), "bias descriptor");
+    check(f.create_act(&relu), "cudnnCreateActivationDescriptor");
+    check(f.set_act(relu, kReLU, kNotPropagateNan, 0.0), "activation descriptor");
+  }
+  void run(Handle h, const cg::Conv& cv, const cg::Buffers& b) const {
+    const Extra& f = extra();
+    const float one = 1.0f, zero = 0.0f;
+    if (cv.bias) check(f.add_tensor(h, &one, bias, b.bias, &one, y, b.y), "cudnnAddTensor (bias)");
+    if (cv.residual) check(f.add_tensor(h, &one, y, b.z, &one, y, b.y), "cudnnAddTensor (residual)");
+    if (cv.relu) check(f.activation(h, relu, &one, y, b.y, &zero, y, b.y), "cudnnActivationForward");
+  }
+};
+
+struct Entry {
+  cg::Conv conv;
+  std::unique_ptr<cg::Plan> plan;
+  std::unique_ptr<Epilogue> epilogue;  // only where the plan is the convolution alone
 };
 
 // what a convolution is, as the cache's key: device, x's and w's shapes, params
 using Key = std::tuple<int, std::array<int64_t, 4>, std::array<int64_t, 4>, std::vector<int64_t>>;
-
-// how a plan's epilogue runs: not tried yet (the first call with a bias tries the fused call)
-enum class Mode { kUntried, kFused, kSeparate };
-
-struct Plan {
-  Desc x, w, y, bias, conv, act_relu, act_identity;
-  int algo = 0;
-  size_t workspace = 0;
-  Mode mode = Mode::kUntried;
-};
 
 std::array<int64_t, 4> dims(const DLTensor* t) { return {t->shape[0], t->shape[1], t->shape[2], t->shape[3]}; }
 
@@ -203,95 +173,31 @@ void expect_half(const DLTensor* t, const char* what, int ndim) {
                              << "-d float16 CUDA tensor";
 }
 
-Plan make_plan(Handle h, const std::vector<int64_t>& p, const DLTensor* x, const DLTensor* w, DLTensor* y) {
-  const Api& f = api();
-  Plan pl;
-  const int groups = static_cast<int>(p[6]);
-  check(f.create_tensor(&pl.x), "cudnnCreateTensorDescriptor");
-  check(f.set_tensor4d(pl.x, kNHWC, kHalf, x->shape[0], x->shape[3], x->shape[1], x->shape[2]), "x descriptor");
-  check(f.create_tensor(&pl.y), "cudnnCreateTensorDescriptor");
-  check(f.set_tensor4d(pl.y, kNHWC, kHalf, y->shape[0], y->shape[3], y->shape[1], y->shape[2]), "y descriptor");
-  check(f.create_tensor(&pl.bias), "cudnnCreateTensorDescriptor");
-  check(f.set_tensor4d(pl.bias, kNCHW, kHalf, 1, y->shape[3], 1, 1), "bias descriptor");
-  check(f.create_filter(&pl.w), "cudnnCreateFilterDescriptor");
-  check(f.set_filter4d(pl.w, kHalf, kNHWC, w->shape[0], w->shape[3], w->shape[1], w->shape[2]), "w descriptor");
-  check(f.create_conv(&pl.conv), "cudnnCreateConvolutionDescriptor");
-  check(f.set_conv2d(pl.conv, p[2], p[3], p[0], p[1], p[4], p[5], kCrossCorrelation, kFloat), "conv descriptor");
-  check(f.set_math(pl.conv, kTensorOpMath), "cudnnSetConvolutionMathType");
-  if (groups != 1) check(f.set_groups(pl.conv, groups), "cudnnSetConvolutionGroupCount");
-  check(f.create_act(&pl.act_relu), "cudnnCreateActivationDescriptor");
-  check(f.set_act(pl.act_relu, kReLU, kNotPropagateNan, 0.0), "activation descriptor");
-  check(f.create_act(&pl.act_identity), "cudnnCreateActivationDescriptor");
-  check(f.set_act(pl.act_identity, kIdentity, kNotPropagateNan, 0.0), "activation descriptor");
-  // the fastest algorithm, timed here on this GPU (y is scratch until the real call)
-  size_t most = 0;
-  for (int algo = 0; algo < kAlgoCount; ++algo) {
-    size_t bytes = 0;
-    if (f.ws_size(h, pl.x, pl.w, pl.conv, pl.y, algo, &bytes) == 0 && bytes <= kMaxWorkspace)
-      most = std::max(most, bytes);
+Entry make_entry(Handle h, const cg::Conv& cv, const cg::Buffers& buf, void* stream, int device) {
+  const Extra& f = extra();
+  Entry e{cv, nullptr, nullptr};
+  const bool has_epilogue = cv.bias || cv.residual || cv.relu;
+  std::string fused_error;
+  try {
+    e.plan = cg::Plan::make(h, cv, true, buf, stream, pool(device), f.candidates, 5, f.verbose);
+  } catch (const cg::Error& err) {
+    if (!has_epilogue) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: " << err.what();
+    fused_error = err.what();
   }
-  AlgoPerf perf[kAlgoCount];
-  int found = 0;
-  {
-    Workspace ws(x->device.device_id, most);
-    check(f.find_ex(h, pl.x, data(x), pl.w, data(w), pl.conv, pl.y, data(y), kAlgoCount, &found, perf, ws.ptr, most),
-          "cudnnFindConvolutionForwardAlgorithmEx");
-  }
-  int best = -1;
-  for (int i = 0; i < found; ++i) {
-    if (perf[i].status == 0) {  // sorted fastest first
-      best = i;
-      break;
+  if (!e.plan) {
+    if (f.verbose) std::fprintf(stderr, "deploytool.cudnn.conv2d: %s; the epilogue runs apart\n", fused_error.c_str());
+    try {
+      e.plan = cg::Plan::make(h, cv, false, buf, stream, pool(device), f.candidates, 5, f.verbose);
+    } catch (const cg::Error& err) {
+      TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: " << err.what();
     }
+    e.epilogue.reset(new Epilogue(cv));
   }
-  if (best < 0) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: cuDNN has no algorithm for this convolution";
-  pl.algo = perf[best].algo;
-  pl.workspace = perf[best].memory;
-  if (f.verbose)
-    std::fprintf(stderr,
-                 "deploytool.cudnn.conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld]: algo %d, %.3f ms, %zu B\n",
-                 (long long)x->shape[0], (long long)x->shape[1], (long long)x->shape[2], (long long)x->shape[3],
-                 (long long)w->shape[0], (long long)w->shape[1], (long long)w->shape[2], (long long)w->shape[3],
-                 pl.algo, perf[best].time, pl.workspace);
-  return pl;
-}
-
-Plan& plan_for(Handle h, const std::vector<int64_t>& p, const DLTensor* x, const DLTensor* w, DLTensor* y) {
-  static std::mutex mu;
-  static std::map<Key, Plan> plans;
-  std::lock_guard<std::mutex> lock(mu);
-  Key key{x->device.device_id, dims(x), dims(w), p};
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  return plans.emplace(key, make_plan(h, p, x, w, y)).first->second;
-}
-
-Status run_fused(Handle h, Plan& pl, bool relu, const DLTensor* x, const DLTensor* w, const DLTensor* bias,
-                 const DLTensor* z, DLTensor* y) {
-  const float one = 1.0f, zero = 0.0f;
-  Workspace ws(x->device.device_id, pl.workspace);
-  return api().fused(h, &one, pl.x, data(x), pl.w, data(w), pl.conv, pl.algo, ws.ptr, pl.workspace,
-                     z ? &one : &zero, pl.y, z ? data(z) : data(y), pl.bias, data(bias),
-                     relu ? pl.act_relu : pl.act_identity, pl.y, data(y));
-}
-
-void run_separate(Handle h, Plan& pl, bool relu, const DLTensor* x, const DLTensor* w, const DLTensor* bias,
-                  const DLTensor* z, DLTensor* y) {
-  const Api& f = api();
-  const float one = 1.0f, zero = 0.0f;
-  {
-    Workspace ws(x->device.device_id, pl.workspace);
-    check(f.forward(h, &one, pl.x, data(x), pl.w, data(w), pl.conv, pl.algo, ws.ptr, pl.workspace, &zero, pl.y,
-                    data(y)),
-          "cudnnConvolutionForward");
-  }
-  if (bias) check(f.add_tensor(h, &one, pl.bias, data(bias), &one, pl.y, data(y)), "cudnnAddTensor (bias)");
-  if (z) check(f.add_tensor(h, &one, pl.y, data(z), &one, pl.y, data(y)), "cudnnAddTensor (residual)");
-  if (relu) check(f.activation(h, pl.act_relu, &one, pl.y, data(y), &zero, pl.y, data(y)), "cudnnActivationForward");
+  return e;
 }
 
 void Conv2d(tvm::ffi::PackedArgs args, tvm::ffi::Any* /*rv*/) {
-  const Api& f = api();
+  const Extra& f = extra();
   if (!f.error.empty()) TVM_FFI_THROW(RuntimeError) << f.error;
   if (args.size() < 4) TVM_FFI_THROW(ValueError) << "deploytool.cudnn.conv2d(params, x, w, [bias], [z], y)";
   tvm::ffi::Shape shape = args[0].cast<tvm::ffi::Shape>();
@@ -312,48 +218,43 @@ void Conv2d(tvm::ffi::PackedArgs args, tvm::ffi::Any* /*rv*/) {
   if (z) expect_half(z, "z", 4);
   if (bias && bias->shape[0] != y->shape[3]) TVM_FFI_THROW(ValueError) << "deploytool.cudnn.conv2d: bias[K] expected";
   if (z && dims(z) != dims(y)) TVM_FFI_THROW(ValueError) << "deploytool.cudnn.conv2d: z must have y's shape";
+  const int64_t groups = p[6];
+  if (groups < 1 || x->shape[3] != w->shape[3] * groups || y->shape[3] % groups != 0)
+    TVM_FFI_THROW(ValueError) << "deploytool.cudnn.conv2d: channels do not match the groups";
   const int device = x->device.device_id;
   Handle h = handle_for(device);
-  check(f.set_stream(h, TVMFFIEnvGetStream(kDLCUDA, device)), "cudnnSetStream");
-  Plan& pl = plan_for(h, p, x, w, y);
-  const bool epilogue = relu || bias || z;
-  if (f.verbose == 2)
-    std::fprintf(stderr, "deploytool.cudnn.conv2d call: x %p w %p b %p z %p y %p algo %d ws %zu mode %d\n", data(x),
-                 data(w), bias ? data(bias) : nullptr, z ? data(z) : nullptr, data(y), pl.algo, pl.workspace,
-                 static_cast<int>(pl.mode));
-  if (!epilogue) {
-    run_separate(h, pl, false, x, w, nullptr, nullptr, y);
-    return;
-  }
-  // the fused call needs a bias; ReLU or identity after it (identity with one algorithm only)
-  if (bias && pl.mode == Mode::kUntried) {
-    int algo = pl.algo;
-    if (!relu) pl.algo = kImplicitPrecompGemm;
-    size_t bytes = pl.workspace;
-    if (!relu && f.ws_size(h, pl.x, pl.w, pl.conv, pl.y, pl.algo, &bytes) != 0) bytes = 0;
-    const size_t kept = pl.workspace;
-    pl.workspace = bytes;
-    const Status st = run_fused(h, pl, relu, x, w, bias, z, y);
-    if (f.verbose)
-      std::fprintf(stderr, "deploytool.cudnn.conv2d: fused bias%s%s: %s (status %d)\n", z ? "+residual" : "",
-                   relu ? "+relu" : "", st == 0 ? "taken" : "refused, separate calls", st);
-    if (st == 0) {
-      pl.mode = Mode::kFused;
-      return;
+  void* stream = TVMFFIEnvGetStream(kDLCUDA, device);
+  check(cg::api().set_stream(h, stream), "cudnnSetStream");
+  const cg::Buffers buf{data(x), data(w), bias ? data(bias) : nullptr, z ? data(z) : nullptr, data(y)};
+
+  static std::mutex mu;
+  static std::map<Key, Entry> entries;
+  const Entry* e = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    Key key{device, dims(x), dims(w), p};
+    auto it = entries.find(key);
+    if (it == entries.end()) {
+      const cg::Conv cv{x->shape[0], x->shape[1], x->shape[2], x->shape[3], w->shape[0], w->shape[1], w->shape[2],
+                        y->shape[1], y->shape[2], {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, groups,
+                        has_bias, has_z, relu};
+      it = entries.emplace(key, make_entry(h, cv, buf, stream, device)).first;
     }
-    pl.algo = algo;
-    pl.workspace = kept;
-    pl.mode = Mode::kSeparate;
-  } else if (bias && pl.mode == Mode::kFused) {
-    check(run_fused(h, pl, relu, x, w, bias, z, y), "cudnnConvolutionBiasActivationForward");
-    return;
+    e = &it->second;
   }
-  run_separate(h, pl, relu, x, w, bias, z, y);
+  if (f.verbose == 2)
+    std::fprintf(stderr, "deploytool.cudnn.conv2d call: x %p w %p b %p z %p y %p engine %d ws %lld %s\n", buf.x,
+                 buf.w, buf.bias, buf.z, buf.y, e->plan->chosen(), (long long)e->plan->workspace(),
+                 e->epilogue ? "epilogue apart" : "fused");
+  Workspace ws(device, e->plan->workspace());
+  check(e->plan->execute(h, buf, ws.ptr), "cudnnBackendExecute");
+  if (e->epilogue) e->epilogue->run(h, e->conv, buf);
 }
 
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def_packed("deploytool.cudnn.conv2d", Conv2d);
+  if (deploytool::first_to_register("deploytool.cudnn.conv2d", reinterpret_cast<const void*>(&Conv2d)))
+    refl::GlobalDef().def_packed("deploytool.cudnn.conv2d", Conv2d);
 }
