@@ -5,6 +5,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -538,6 +541,14 @@ def test_cudnn_takes_each_convolution_with_its_epilogue_builds_here_and_is_refus
     meta = json.loads(cli("metadata", out).out)
     assert meta["cudnn"] is True and b"deploytool.cudnn.conv2d" in out.read_bytes()
     assert len([t for t in meta["kernel_table"] if "conv2d" in t["name"]]) == 1
+    # two such artifacts in one process: each carries the call, and only the first registers it (a
+    # second registration of a global made TVM-FFI abort the process at the second dlopen)
+    twin = tmp_path / "twin.so"
+    shutil.copy(out, twin)
+    load_both = ("import ctypes, sys, tvm; [ctypes.CDLL(p, mode=ctypes.RTLD_GLOBAL) for p in sys.argv[1:]]; "
+                 f"assert tvm.get_global_func({cudnn.FUNC!r}, allow_missing=True) is not None")
+    r2 = subprocess.run([sys.executable, "-c", load_both, str(out), str(twin)], capture_output=True, text=True)
+    assert r2.returncode == 0, r2.stderr[-800:]
     plain = tmp_path / "plain.so"
     assert cli("compile", model, "--target", "cuda", "--dtype", "float16", "-o", plain, "-q").code == 0
     assert b"cuda_graph" in plain.read_bytes() and b"cuda_graph" not in out.read_bytes()

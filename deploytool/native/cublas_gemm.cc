@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "dlopen_first.h"
+#include "register_once.h"
 
 namespace {
 
@@ -133,5 +134,6 @@ void Matmul(DLTensor* a, DLTensor* b, DLTensor* c) {
 
 TVM_FFI_STATIC_INIT_BLOCK() {
   namespace refl = tvm::ffi::reflection;
-  refl::GlobalDef().def("deploytool.cublas.matmul", Matmul);
+  if (deploytool::first_to_register("deploytool.cublas.matmul", reinterpret_cast<const void*>(&Matmul)))
+    refl::GlobalDef().def("deploytool.cublas.matmul", Matmul);
 }
