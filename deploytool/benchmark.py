@@ -303,6 +303,10 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "gpu-cudnn.json"
     if f.is_file():
         parts.append("### Convolutions on cuDNN: `python bench/gpu.py --cudnn`\n\n" + markdown_gpu(json.loads(f.read_text())))
+    f = results_dir / "cudnn_convs.md"
+    if f.is_file():
+        parts.append("### ResNet-50's convolutions one by one, batch 32, float16: `python bench/cudnn_convs.py`\n\n"
+                     + f.read_text())
     f = results_dir / "gpu_profile.md"
     if f.is_file():
         parts.append("### Where the GPU time goes: `python bench/gpu_profile.py`\n\n" + f.read_text())

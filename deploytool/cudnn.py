@@ -1,5 +1,4 @@
-"""``--cudnn`` (experimental): the float16 convolutions of a CUDA build on cuDNN, NHWC, with
-their epilogues.
+"""``--cudnn``: the float16 convolutions of a CUDA build on cuDNN, NHWC, with their epilogues.
 
 At batch 32, ResNet-50 in float16 is all convolutions, and MetaSchedule's tensor-core schedules
 (WMMA fragments, no software pipeline) reached 4.4 ms on the H200 where torch.compile got 1.9-2.5
@@ -8,29 +7,29 @@ the convolutions to cuDNN in the graph:
 
 - each float16 convolution with symmetric padding becomes a call of
   ``deploytool.cudnn.conv2d``, a packed function linked into the artifact
-  (``native/cudnn_conv.cc``), taking with it the epilogue that cuDNN's fused
-  convolution-bias-activation computes in the same kernel: the bias add and ReLU after it, and a
-  residual added before the ReLU (ResNet's ``relu(conv(x) + b + shortcut)``). A convolution with
-  another epilogue is called alone and its epilogue stays a TVM kernel;
+  (``native/cudnn_conv.cc`` over ``native/cudnn_graph.h``), taking with it the epilogue that
+  cuDNN computes in the same graph: the bias add and ReLU after it, and a residual added before
+  the ReLU (ResNet's ``relu(conv(x) + b + shortcut)``). A convolution with another epilogue is
+  called alone and its epilogue stays a TVM kernel;
 - the calls take NHWC activations and OHWI (KRSC) weights (re-laid out once, here) with
   transposes around them, and the transposes that undo each other between consecutive calls are
   dropped: activations stay NHWC from one cuDNN call to the next, pooling and the classifier keep
   the model's NCHW. (Relax's ConvertLayout to NHWC instead made ResNet-50's flatten after the
   global pooling a kernel that crashed the host process at its launch, TVM 0.27 on the H200.)
 
-The algorithm is cuDNN's fastest for the shape, measured on the GPU at the first call
-(``cudnnFindConvolutionForwardAlgorithmEx``, what ``torch.backends.cudnn.benchmark`` does), then
-cached for the process. The function loads cuDNN with dlopen at that first call: building needs no
-CUDA toolkit or cuDNN, running needs libcudnn 8 or 9 on the GPU machine (pip's nvidia-cudnn, as
-torch installs it, or the system's; ``DEPLOYTOOL_CUDNN`` names a file). Such a build captures no
-CUDA graph (pipeline.build): TVM's RewriteCUDAGraph would capture the extern calls too, and the
-first call's algorithm search cannot run under stream capture.
+Each shape is one graph of cuDNN's backend API (conv, then pointwise add/add/ReLU on the float32
+accumulator, one rounding to float16); at the first call cuDNN's heuristics list the engines for
+it and the first few that finalize are timed on the GPU, the fastest kept for the process (what
+``torch.backends.cudnn.benchmark`` does). The function loads cuDNN with dlopen at that first
+call: building needs no CUDA toolkit or cuDNN, running needs libcudnn 8 or 9 on the GPU machine
+(pip's nvidia-cudnn, as torch installs it, or the system's; ``DEPLOYTOOL_CUDNN`` names a file).
+Such a build captures no CUDA graph (pipeline.build): TVM's RewriteCUDAGraph would capture the
+extern calls too, and the first call's timing of engines cannot run under stream capture.
 
-Measured (H200, cuDNN 9.19, 2026-12-02; docs/benchmarks.md): correct (ResNet-50 b32 passes the
-onnxruntime check, every convolution took the fused call) but slow: 8.07 ms against 4.44 ms for
-TVM's tuned kernels and 2.45 ms for torch.compile. cuDNN 9's legacy API offered only its
-IMPLICIT_GEMM / IMPLICIT_PRECOMP_GEMM algorithms here, at 6-55 TFLOP/s. The next step is the
-graph (backend) API, which torch uses; until then the flag is for experiments, not for speed.
+Measured (H200, cuDNN 9.19, 2026-12-02; docs/benchmarks.md): ResNet-50 b32 1.409 ms against
+torch.compile max-autotune's 2.464 ms in the same run, and 4.465 ms on TVM's tuned kernels. The
+first version went through cuDNN's legacy API (cudnnFindConvolutionForwardAlgorithmEx, then
+cudnnConvolutionBiasActivationForward): 8.07 ms, its implicit-GEMM algorithms at 6-55 TFLOP/s.
 """
 
 from __future__ import annotations
