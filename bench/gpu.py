@@ -203,6 +203,20 @@ def main(argv=None) -> int:
     import torch
     modes = [m for m in args.compile_modes.split(",") if m]
     rows = []
+
+    def save(rows_now):
+        """gpu.json and gpu.md as measured so far: a run cut short keeps what it measured."""
+        for r in rows_now:
+            for v in r.values():
+                if isinstance(v, dict):
+                    v.pop("output", None)
+        print(json.dumps(rows_now[-1]), flush=True)
+        result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows_now}
+        (out / "gpu.json").write_text(json.dumps(result, indent=1))
+        (out / "gpu.md").write_text(markdown_gpu(result))
+        return result
+
     for name in args.models.split(","):
         for batch in [int(b) for b in args.batches.split(",")]:
             path = model_file(name, batch, cache)
@@ -233,6 +247,9 @@ def main(argv=None) -> int:
                         row[f"log_{args.alt_label}"] = alt.name if alt.exists() else None
                     except Exception as e:
                         row[f"deploytool_{args.alt_label}"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                # deploytool's numbers saved before torch's engines run: a cold torch.compile max-autotune
+                # of ResNet-50 b1 ran past a 430 s call limit and took the whole row with it
+                save(rows + [dict(row, partial="torch engines not run yet")])
                 try:
                     row["torch_eager"] = run_torch(path, feeds, dtype, None, args.warmup, args.repeats)
                 except Exception as e:
@@ -251,15 +268,8 @@ def main(argv=None) -> int:
                 if "output" in te:
                     r = next(iter(ref.values()))
                     row["torch_vs_ort_rel_err"] = float(np.abs(te["output"] - r).max() / (np.abs(r).max() or 1))
-                for v in row.values():
-                    if isinstance(v, dict):
-                        v.pop("output", None)
                 rows.append(row)
-                print(json.dumps(row), flush=True)
-                result = {"kind": "gpu", "gpu": gpu.to_dict(), "torch": torch.__version__,
-                          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows": rows}
-                (out / "gpu.json").write_text(json.dumps(result, indent=1))  # after every row: a run cut
-                (out / "gpu.md").write_text(markdown_gpu(result))                 # short keeps what it measured
+                result = save(rows)
     print(markdown_gpu(result))
     return 0
 

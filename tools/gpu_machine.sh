@@ -32,9 +32,14 @@ case "${1:-}" in
     room=$(( 60 * 1048576 - tree ))
     size=$(stat -c %s ".whl/$TVM_WHEEL")
     test "$(( room - small ))" -gt 8000000 || { echo "the tree ($tree bytes) leaves no room for the wheel parts" >&2; exit 3; }
+    # n equal parts, one more until the last one and the small wheels fit in a call together
+    # (setting part=room instead, as before, left the last call 41 MB on a 28 MB tree: refused)
     n=$(( (size + small + room - 1) / room ))
-    part=$(( (size + n - 1) / n )); test "$part" -le "$room" || part=$room
-    last=$(( size - (n - 1) * part )); test "$(( last + small ))" -le "$room" || part=$room
+    while :; do
+      part=$(( (size + n - 1) / n )); last=$(( size - (n - 1) * part ))
+      test "$part" -le "$room" && test "$(( last + small ))" -le "$room" && break
+      n=$(( n + 1 ))
+    done
     mkdir -p .gpuparts && split -b "$part" ".whl/$TVM_WHEEL" .gpuparts/tvm.part.
     i=0
     for f in .gpuparts/tvm.part.*; do i=$((i + 1)); mkdir -p ".gpu$i"; mv "$f" ".gpu$i/"; done
