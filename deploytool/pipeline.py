@@ -98,6 +98,11 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
         from deploytool import winograd as _winograd
 
         mod = _run_passes(_winograd.winograd_pass(), mod, target, "Winograd rewrite")
+    if target.family in ("x86", "arm") and layouts:
+        from deploytool import pad_channels
+
+        mod = _run_passes(pad_channels.pad_pass(max(1, target.vector_bits // 32)), mod, target,
+                          "channel padding")
     tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                      relax.transform.DeadCodeElimination(["main"])])
     return _run_passes(tidy, mod, target, "graph optimization")

@@ -224,3 +224,44 @@ def test_a_lone_pool_accumulates_in_its_output(tmp_path, relu_after):
     res = deploytool.compile(src, output=tmp_path / "pool.so")
     assert res.schedules[next(k for k in res.schedules if "pool" in k)] == "tile_reduction", res.schedules
     assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
+def test_odd_channel_counts_are_padded_to_whole_vectors(tmp_path):
+    """Convolutions to 100 output channels (no multiple of 16 or 8: part-vectors) compute 112 on
+    AVX-512, 104 on AVX2, with zero weights, where the slice back to 100 is cheap: after the bias,
+    ReLU and global mean of one (a slice of 112 values), before the output's transpose of another.
+    Two whose sum is the third output stay at 100 (a slice there would cost a pass over the
+    tensor). Each slice is a kernel of its own; the numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pad_channels, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in
+             (("w1", (100, 16, 1, 1)), ("b1", (100,)), ("w2", (100, 16, 3, 3)), ("w3", (100, 16, 1, 1)),
+              ("w4", (100, 16, 3, 3)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("GlobalAveragePool", ["r1"], ["pooled"]),
+             helper.make_node("Conv", ["x", "w2"], ["y2"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w3"], ["c3"]),
+             helper.make_node("Conv", ["x", "w4"], ["c4"], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c3", "c4"], ["y3"])]
+    out = [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 100, 1, 1])] + \
+        [helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, 100, 12, 12]) for y in ("y2", "y3")]
+    g = helper.make_graph(nodes, "odd", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 12, 12])],
+                          out, inits)
+    src = tmp_path / "odd.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    target = targets.load("x86")
+    kp = pad_channels.padded(100, target.vector_bits // 32)
+    assert kp in (104, 112)
+    text = pipeline.optimize(frontend.import_onnx(src).mod, target)["main"].script(show_meta=False)
+    for channels in (kp, 100):
+        assert text.count(f"R.Tensor((1, 12, 12, {channels}), dtype=\"float32\") = R.nn.conv2d") == 2, text
+    assert f"R.Tensor((1, 1, 1, {kp}), dtype=\"float32\") = R.mean" in text, text
+    res = deploytool.compile(src, target="x86", output=tmp_path / "odd.so")
+    assert sum(t.name.startswith("channel_slice") for t in res.tasks) == 2, [t.name for t in res.tasks]
+    assert deploytool.run(res.artifact.path, check=src).ok
