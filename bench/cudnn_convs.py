@@ -186,7 +186,7 @@ def main(argv=None) -> int:
         tf = "-" if not r.get("fused") else f"{r['gflop'] / r['fused']:.0f}"
         lines.append(f"| {r['count']} | {r['shape']} | {r['epilogue']} | {f(r.get('fused'))} | {f(r.get('conv'))} | "
                      f"{f(r['torch_conv'])} | {f(r['torch_eager'])} | {tf} |")
-    lines.append(f"| 53 | **all, x count** | | **{total['fused']:.3f}** | {total['conv']:.3f} | "
+    lines.append(f"| {sum(r['count'] for r in rows)} | **all, x count** | | **{total['fused']:.3f}** | {total['conv']:.3f} | "
                  f"{total['torch_conv']:.3f} | {total['torch_eager']:.3f} | {gflop / total['fused']:.0f} |")
     (out / "cudnn_convs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -81,8 +81,7 @@ const Extra& extra() {
     if (const char* n = std::getenv("DEPLOYTOOL_CUDNN_CANDIDATES")) a.candidates = std::max(1, std::atoi(n));
     a.error = cg::api().error;
     if (!a.error.empty()) return;
-    std::string tried;  // already loaded by cg::api(): the same handle
-    void* lib = deploytool::dlopen_first("DEPLOYTOOL_CUDNN", {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, &tried);
+    void* lib = cg::api().lib;
     std::string missing;
     cg::bind(lib, &a.create_tensor, "cudnnCreateTensorDescriptor", &missing);
     cg::bind(lib, &a.set_tensor4d, "cudnnSetTensor4dDescriptor", &missing);

@@ -84,7 +84,8 @@ struct Api {
   int (*event_sync)(void*) = nullptr;
   int (*event_elapsed)(float*, void*, void*) = nullptr;
   int (*event_destroy)(void*) = nullptr;
-  std::string error;  // why cuDNN cannot be used here, or empty
+  void* lib = nullptr;  // libcudnn's handle, for callers that need more of it
+  std::string error;    // why cuDNN cannot be used here, or empty
 };
 
 template <typename F>
@@ -98,7 +99,7 @@ inline const Api& api() {
   static std::once_flag once;
   std::call_once(once, [] {
     std::string tried;
-    void* lib = dlopen_first("DEPLOYTOOL_CUDNN", {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, &tried);
+    void* lib = a.lib = dlopen_first("DEPLOYTOOL_CUDNN", {"libcudnn.so.9", "libcudnn.so.8", "libcudnn.so"}, &tried);
     if (lib == nullptr) {
       a.error = "cuDNN not found (tried " + tried +
                 "): install it (pip's nvidia-cudnn, as torch does, or the system's libcudnn), or set "
