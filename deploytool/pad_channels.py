@@ -115,7 +115,7 @@ def pad_pass(lanes: int):
             if kp is None:
                 continue
             chain, reduced = [var], False
-            while True:  # extend through single-use, per-channel elementwise consumers
+            while True:  # extend through single-use per-element, per-channel or spatial-reduction consumers
                 cur = chain[-1]
                 if not isinstance(cur, relax.DataflowVar) or len(users.get(cur, [])) != 1:
                     break
@@ -145,9 +145,14 @@ def pad_pass(lanes: int):
 
     @relax.expr_functor.mutator
     class Pad(relax.PyExprMutator):
-        def __init__(self, mod, todo):
+        def __init__(self, mod):
             super().__init__(mod)
-            self.todo = todo
+            self.todo = {}
+            for func in mod.functions.values():
+                if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+                    for block in func.body.blocks:
+                        if isinstance(block, relax.DataflowBlock):
+                            self.todo.update(plan(block))
 
         def visit_var_binding_(self, binding):
             if binding.var not in self.todo:
@@ -162,30 +167,16 @@ def pad_pass(lanes: int):
                 args = [pad_last(x, k, kp, fill) if isinstance(x, tvm.ir.Constant) else self.visit_expr(x)
                         for x in call.args]
                 new = relax.Call(call.op, args, call.attrs, call.ty_args)
-            if not last:
-                self.set_var_remap(binding.var, self.builder_.emit(new, binding.var.name + "_padded"))
-                return
             wide = self.builder_.emit(new, binding.var.name + "_padded")
+            if not last:
+                self.set_var_remap(binding.var, wide)
+                return
             ndim = len(binding.var.ty.shape)
             sliced = self.builder_.call_te(
                 lambda t: topi.strided_slice(t, [0] * ndim, [int(d) for d in binding.var.ty.shape]), wide,
                 primfunc_name_hint="channel_slice", primfunc_attrs={"op_pattern": OPAQUE})
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(sliced)))
 
-    @tvm.transform.module_pass(opt_level=0, name="PadOutputChannels")
-    def run(mod, ctx):
-        todo = {}
-        for func in mod.functions.values():
-            if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
-                for block in func.body.blocks:
-                    if isinstance(block, relax.DataflowBlock):
-                        todo.update(plan(block))
-        if not todo:
-            return mod
-        m = Pad(mod, todo)
-        for gv, func in list(mod.functions.items()):
-            if isinstance(func, relax.Function):
-                m.builder_.update_func(gv, m.visit_expr(func))
-        return m.builder_.get()
+    from deploytool.pipeline import _relax_function_pass
 
-    return run
+    return _relax_function_pass(Pad, "PadOutputChannels")

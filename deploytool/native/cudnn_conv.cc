@@ -112,9 +112,13 @@ Handle handle_for(int device) {
   return h;
 }
 
-cg::Memory pool(int device) {  // TVM's pooled device memory
-  return {[device](size_t bytes) { return extra().alloc_ws(kCUDA, device, bytes, 2, 16); },
-          [device](void* p) { extra().free_ws(kCUDA, device, p); }};
+// TVM's pooled device memory: for the plans' timing (as cg::Memory) and each call's workspace
+void* pool_alloc(int device, size_t bytes) { return extra().alloc_ws(kCUDA, device, bytes, 2, 16); }
+void pool_free(int device, void* p) { extra().free_ws(kCUDA, device, p); }
+
+cg::Memory pool(int device) {
+  return {[device](size_t bytes) { return pool_alloc(device, bytes); },
+          [device](void* p) { pool_free(device, p); }};
 }
 
 struct Workspace {  // one call's workspace from the pool
@@ -122,12 +126,12 @@ struct Workspace {  // one call's workspace from the pool
   void* ptr = nullptr;
   Workspace(int dev, int64_t bytes) : device(dev) {
     if (bytes > 0) {
-      ptr = extra().alloc_ws(kCUDA, dev, static_cast<uint64_t>(bytes), 2, 16);
+      ptr = pool_alloc(dev, static_cast<size_t>(bytes));
       if (ptr == nullptr) TVM_FFI_THROW(RuntimeError) << "deploytool.cudnn.conv2d: no " << bytes << " B workspace";
     }
   }
   ~Workspace() {
-    if (ptr != nullptr) extra().free_ws(kCUDA, device, ptr);
+    if (ptr != nullptr) pool_free(device, ptr);
   }
 };
 

@@ -254,7 +254,6 @@ class Plan {
     pl->workspace_ = ok[best].workspace;
     pl->chosen_ = ok[best].index;
     pl->configs_ = static_cast<int>(cfgs.size());
-    pl->time_ms_ = ms[best];
     if (verbose) {
       std::fprintf(stderr,
                    "deploytool.cudnn.conv2d x[%lld,%lld,%lld,%lld] w[%lld,%lld,%lld,%lld]%s%s%s: %s configuration %d "
@@ -307,10 +306,8 @@ class Plan {
   }
 
   int64_t workspace() const { return workspace_; }
-  bool fused() const { return fused_; }
   int chosen() const { return chosen_; }
   int configs() const { return configs_; }
-  float time_ms() const { return time_ms_; }
 
  private:
   enum : int64_t { kX = 1, kW = 2, kBias = 3, kZ = 4, kY = 5, kVirtual = 10 };
@@ -431,7 +428,6 @@ class Plan {
   int64_t workspace_ = 0;
   bool fused_ = true;
   int chosen_ = 0, configs_ = 0;
-  float time_ms_ = 0.0f;
   mutable std::mutex pack_mu_;
   mutable Desc pack_ = nullptr;
   mutable std::array<void*, 6> pack_ptrs_{};
