@@ -55,12 +55,14 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs).
     ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K.
     ``cudnn``: CUDA, float16: convolutions in NHWC on cuDNN with their bias/residual/ReLU
-    (deploytool.cudnn), before split-K (which then sees no convolution)."""
+    (deploytool.cudnn), before split-K (which then sees no convolution). Last, on CPUs, float32
+    exp/erf/tanh/sigmoid/softmax become polynomials that vectorize (deploytool.fast_math)."""
     import tvm
     from tvm import relax
 
     from deploytool import cublas as _cublas
     from deploytool import cudnn as _cudnn
+    from deploytool import fast_math as _fast_math
     from deploytool import schedules, splitk
 
     passes = [
@@ -103,6 +105,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
 
         mod = _run_passes(pad_channels.pad_pass(max(1, target.vector_bits // 32)), mod, target,
                           "channel padding")
+    if _fast_math.applies(target) and dtype == "float32":
+        mod = _run_passes(_fast_math.fast_math_pass(), mod, target, "fast math")
     tidy = tvm.transform.Sequential([relax.transform.CanonicalizeBindings(),
                                      relax.transform.DeadCodeElimination(["main"])])
     return _run_passes(tidy, mod, target, "graph optimization")
