@@ -130,19 +130,36 @@ def check_and_time(so: Path, path: Path, threads: int, repeats: int) -> dict[str
     return row
 
 
+def fma_flop_per_cycle(cpuinfo: str) -> int:
+    """FP32 FLOP per cycle and core from /proc/cpuinfo's text: 64 where AVX-512 runs on two full
+    512-bit FMA pipes (AMD Zen 5, family 26; Intel's server cores), else 32 (two 256-bit pipes:
+    AVX2 machines, and Zen 4, which runs AVX-512 as two halves)."""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    if "avx512f" not in fields.get("flags", "").split():
+        return 32
+    if fields.get("vendor_id") == "AuthenticAMD":
+        return 64 if int(fields.get("cpu family", "0") or 0) >= 26 else 32
+    return 64
+
+
 def nominal_peak_gflops(threads: int, clock_ghz: float | None = None) -> tuple[float, str]:
-    """FP32 peak of an x86 machine: threads x clock x 32 FLOP/cycle (two 256-bit FMA pipes, e.g.
-    Zen 4, which runs AVX-512 as two halves). The clock defaults to /proc/cpuinfo's, which a VM
-    may report as the base clock while the cores boost higher: pass the boost clock."""
-    mhz = 0.0
+    """FP32 peak of an x86 machine: threads x clock x FLOP/cycle (``fma_flop_per_cycle``). The clock
+    defaults to /proc/cpuinfo's, which a VM may report as the base clock while the cores boost
+    higher: pass the boost clock."""
+    mhz, text = 0.0, ""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        text = Path("/proc/cpuinfo").read_text()
+        for line in text.splitlines():
             if line.startswith("cpu MHz"):
                 mhz = max(mhz, float(line.split(":", 1)[1]))
     except (OSError, ValueError):
         pass
     ghz = clock_ghz or mhz / 1e3
-    return threads * ghz * 32, f"{threads} x {ghz:.2f} GHz x 32 FLOP/cycle"
+    per_cycle = fma_flop_per_cycle(text)
+    return threads * ghz * per_cycle, f"{threads} x {ghz:.2f} GHz x {per_cycle} FLOP/cycle"
 
 
 def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path, target: str = "x86-avx512",

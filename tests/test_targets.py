@@ -76,3 +76,17 @@ def test_preset_from_a_json_file(tmp_path):
     bad.write_text(json.dumps({"name": "bad", "family": "x86", "arch": "x86_64", "tvm": "llvm -mcpu=haswell"}))
     with pytest.raises(TargetError, match="TVM target dict"):
         targets.load(str(bad))
+
+
+def test_peak_counts_full_width_fma_pipes_where_the_cpu_has_them():
+    """The % of peak in benchmark tables: Zen 5 (family 26) runs AVX-512 on two full 512-bit FMA
+    pipes (64 FP32 FLOP a cycle), Zen 4 (family 25) as two halves (32), AVX2-only machines 32."""
+    from deploytool.benchmark import fma_flop_per_cycle
+
+    amd = "vendor_id\t: AuthenticAMD\ncpu family\t: {f}\nflags\t\t: fpu avx2 {x}\n"
+    assert fma_flop_per_cycle(amd.format(f=26, x="avx512f")) == 64
+    assert fma_flop_per_cycle(amd.format(f=25, x="avx512f")) == 32
+    assert fma_flop_per_cycle(amd.format(f=25, x="")) == 32
+    intel = "vendor_id\t: GenuineIntel\ncpu family\t: 6\nflags\t\t: fpu avx2 {x}\n"
+    assert fma_flop_per_cycle(intel.format(x="avx512f amx_tile")) == 64
+    assert fma_flop_per_cycle(intel.format(x="")) == 32
