@@ -16,7 +16,7 @@ fuse like any other elementwise arithmetic:
 - ``tanh``: Eigen's rational approximation on [-9, 9] (TVM's own lowering, from exp, cancels near
   0: ONNX's Mish cases failed by 9.5e-7 absolute with it and pass now);
 - ``sigmoid(x)`` = 1 / (1 + exp(-x)) with the exp above; ``softmax`` = topi's ``fast_softmax``;
-  GELU and SiLU through the erf and sigmoid above.
+  GELU (both forms) and SiLU through the erf, tanh and sigmoid above.
 
 Against float64 references over [-20, 20] (tests/test_schedules.py): exp within 4e-7 relative,
 erf, tanh and sigmoid within 2.5e-7 absolute (onnxruntime's MLAS: erf 5e-8, tanh 2.2e-7); softmax's
@@ -34,7 +34,8 @@ def applies(target) -> bool:
 
 
 def fast_math_pass():
-    """A Relax module pass: float32 exp/erf/tanh/sigmoid/softmax/gelu/silu -> topi's fast forms."""
+    """A Relax module pass: float32 exp/erf/tanh/sigmoid/softmax/gelu/gelu_tanh/silu -> topi's fast
+    forms."""
     import math
 
     import tvm
@@ -50,12 +51,18 @@ def fast_math_pass():
         return topi.multiply(x, topi.add(0.5, topi.multiply(0.5, erf(
             topi.multiply(x, 1.0 / math.sqrt(2.0))))))
 
+    def gelu_tanh(x):  # ONNX Gelu(approximate="tanh")
+        inner = topi.multiply(math.sqrt(2.0 / math.pi),
+                              topi.add(x, topi.multiply(0.044715, topi.multiply(x, topi.multiply(x, x)))))
+        return topi.multiply(x, topi.add(0.5, topi.multiply(0.5, topi.fast_tanh(inner))))
+
     def silu(x):
         return topi.multiply(x, sigmoid(x))
 
     unary = {"relax.exp": (topi.fast_exp, "fast_exp"), "relax.erf": (erf, "fast_erf"),
              "relax.tanh": (topi.fast_tanh, "fast_tanh"), "relax.sigmoid": (sigmoid, "fast_sigmoid"),
-             "relax.nn.gelu": (gelu, "fast_gelu"), "relax.nn.silu": (silu, "fast_silu")}
+             "relax.nn.gelu": (gelu, "fast_gelu"), "relax.nn.gelu_tanh": (gelu_tanh, "fast_gelu_tanh"),
+             "relax.nn.silu": (silu, "fast_silu")}
 
     @relax.expr_functor.mutator
     class FastMath(relax.PyExprMutator):
