@@ -14,6 +14,7 @@ Errors are deploytool exceptions (deploytool.errors); nothing here prints or exi
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -363,28 +364,41 @@ class BenchResult:
     deploytool: Timing
     onnxruntime: Timing | None = None
     warnings: list[str] = field(default_factory=list)
+    round_ratios: list[float] = field(default_factory=list)  # deploytool / onnxruntime medians, per round
 
     @property
     def ratio(self) -> float | None:
-        """deploytool median / onnxruntime median (below 1: deploytool is faster)."""
+        """deploytool median / onnxruntime median (below 1: deploytool is faster): over rounds that
+        alternate the two engines, the median of the rounds' ratios."""
         if self.onnxruntime is None:
             return None
+        if self.round_ratios:
+            return statistics.median(self.round_ratios)
         return self.deploytool.median_ms / self.onnxruntime.median_ms
 
     def to_dict(self) -> dict[str, Any]:
         return {"artifact": self.artifact, "threads": self.threads, "deploytool": self.deploytool.to_dict(),
                 "onnxruntime": self.onnxruntime.to_dict() if self.onnxruntime else None, "ratio": self.ratio,
-                "warnings": self.warnings}
+                "round_ratios": self.round_ratios, "warnings": self.warnings}
+
+
+# between the two engines' blocks: long enough for both thread pools to stop spin-waiting (TVM's
+# workers and onnxruntime's spin for well under a millisecond, then sleep)
+_POOL_SETTLE_S = 0.1
 
 
 def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=None, warmup: int = 3,
           repeats: int = 20, min_seconds: float = 0.5, threads: int | None = None, seed: int = 0,
-          device=None) -> BenchResult:
+          device=None, rounds: int = 3) -> BenchResult:
     """Latency of an artifact (min/median/p90); with ``compare``, onnxruntime on the same inputs and
-    the same number of threads, in the same run. ``device``: time it on a board instead (timed there)."""
+    the same number of threads, in the same run: ``rounds`` rounds, each timing onnxruntime then
+    deploytool (``repeats`` runs each), so that a slow phase of a shared machine lands on both
+    engines of a round; the ratio is the median of the rounds' ratios, the timings pool every
+    round. ``device``: time it on a board instead (timed there)."""
     _check_threads(threads)
     _require(repeats >= 1, "--repeats", repeats, "at least 1 timed run")
     _require(warmup >= 0, "--warmup", warmup, "0 or more warm-up runs")
+    _require(rounds >= 1, "--rounds", rounds, "at least 1 round")
     art = Artifact.open(artifact)
     threads = threads or _targets.physical_cores()
     feed = _inputs_for(art, inputs, seed)
@@ -399,23 +413,27 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
                  "about a real board"] if runner.board.emulated else []
         return BenchResult(artifact=str(artifact), threads=0, deploytool=ours, warnings=notes)
     LocalRunner.check_loadable(art)
-    warnings: list[str] = []
-    theirs = None
-    if compare is not None:
-        # onnxruntime first, and its session (with its thread pool) gone before TVM's pool starts:
-        # both pools spin-wait, and TVM pins its workers, so in one process the engine that runs
-        # second would otherwise share its cores with the first one's spinning threads.
-        load_onnx(compare)
-        warnings += _check_model_warning(art, compare)
-        sess = ort_session(compare, threads=threads)
-        theirs = time_callable(lambda: ort_run(sess, feed), warmup=warmup, repeats=repeats, min_seconds=min_seconds)
-        del sess
-        import gc
-
-        gc.collect()
+    if compare is None:
+        runner = LocalRunner(art, threads=threads)
+        ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
+        return BenchResult(artifact=str(artifact), threads=threads, deploytool=ours)
+    load_onnx(compare)
+    warnings = _check_model_warning(art, compare)
+    # onnxruntime's session (and its thread pool) first: TVM pins its workers when its pool starts.
+    # Both pools live on through the rounds; each engine's block starts after the other's pool has
+    # gone to sleep (_POOL_SETTLE_S), so neither shares its cores with the other's spinning threads.
+    sess = ort_session(compare, threads=threads)
     runner = LocalRunner(art, threads=threads)
-    ours = runner.time(feed, warmup=warmup, repeats=repeats, min_seconds=min_seconds)
-    return BenchResult(artifact=str(artifact), threads=threads, deploytool=ours, onnxruntime=theirs, warnings=warnings)
+    theirs, ours = [], []
+    for i in range(rounds):
+        w = warmup if i == 0 else min(warmup, 1)
+        theirs.append(time_callable(lambda: ort_run(sess, feed), warmup=w, repeats=repeats, min_seconds=min_seconds))
+        time.sleep(_POOL_SETTLE_S)
+        ours.append(runner.time(feed, warmup=w, repeats=repeats, min_seconds=min_seconds))
+        time.sleep(_POOL_SETTLE_S)
+    return BenchResult(artifact=str(artifact), threads=threads, deploytool=Timing.pooled(ours),
+                       onnxruntime=Timing.pooled(theirs), warnings=warnings,
+                       round_ratios=[o.median_ms / t.median_ms for o, t in zip(ours, theirs)])
 
 
 def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned_on: str | None = None,

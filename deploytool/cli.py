@@ -180,21 +180,23 @@ def cmd_bench(args) -> int:
 
     dev = _device_arg(args)
     r = api.bench(args.artifact, compare=args.compare, inputs=args.inputs, warmup=args.warmup, repeats=args.repeats,
-                  threads=args.threads, seed=args.seed, device=dev)
+                  threads=args.threads, seed=args.seed, device=dev, rounds=args.rounds)
     for w in r.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(r.to_dict(), indent=2))
         return 0
     where = f"on {dev.describe()}" if dev else f"threads {r.threads}"
-    print(f"{where}, warm-up {r.deploytool.warmup}, repeats {r.deploytool.repeats}")
+    rounds = f" in {len(r.round_ratios)} alternating rounds" if len(r.round_ratios) > 1 else ""
+    print(f"{where}, warm-up {r.deploytool.warmup}, repeats {r.deploytool.repeats}{rounds}")
     print(f"{'engine':12s} {'min ms':>9s} {'median ms':>10s} {'p90 ms':>9s}")
     rows = [("deploytool", r.deploytool)] + ([("onnxruntime", r.onnxruntime)] if r.onnxruntime else [])
     for name, t in rows:
         print(f"{name:12s} {t.min_ms:9.3f} {t.median_ms:10.3f} {t.p90_ms:9.3f}")
     if r.ratio is not None:
         verdict = "faster" if r.ratio < 1 else "slower"
-        print(f"ratio deploytool/onnxruntime (median): {r.ratio:.2f}x ({verdict})")
+        per_round = f"; rounds {' '.join(f'{x:.2f}' for x in r.round_ratios)}" if len(r.round_ratios) > 1 else ""
+        print(f"ratio deploytool/onnxruntime (median): {r.ratio:.2f}x ({verdict}{per_round})")
     return 0
 
 
@@ -619,7 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
     io_args(s)
     s.add_argument("--compare", metavar="MODEL.onnx", help="also time onnxruntime on the same inputs and threads")
     s.add_argument("--warmup", type=int, default=3)
-    s.add_argument("--repeats", type=int, default=20)
+    s.add_argument("--repeats", type=int, default=20, help="timed runs per engine and round (default: 20)")
+    s.add_argument("--rounds", type=int, default=3, help="with --compare: rounds alternating onnxruntime and "
+                   "deploytool; the ratio is the rounds' median (default: 3)")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.set_defaults(fn=cmd_bench)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -30,16 +30,22 @@ class Timing:
     mean_ms: float
     repeats: int
     warmup: int
+    samples_ms: tuple[float, ...] = field(default=(), repr=False, compare=False)  # sorted
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "samples_ms"}
 
     @classmethod
     def from_samples(cls, samples_s: list[float], warmup: int) -> "Timing":
         ms = sorted(s * 1e3 for s in samples_s)
         p90 = ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))]
         return cls(min_ms=ms[0], median_ms=statistics.median(ms), p90_ms=p90, mean_ms=statistics.fmean(ms),
-                   repeats=len(ms), warmup=warmup)
+                   repeats=len(ms), warmup=warmup, samples_ms=tuple(ms))
+
+    @classmethod
+    def pooled(cls, timings: list["Timing"]) -> "Timing":
+        """One Timing over the samples of several (e.g. the rounds of a comparison)."""
+        return cls.from_samples([m / 1e3 for t in timings for m in t.samples_ms], timings[0].warmup)
 
 
 def time_callable(fn, *, warmup: int, repeats: int, min_seconds: float = 0.0) -> Timing:

@@ -95,10 +95,17 @@ def test_run_and_check_multi_io(tiny_so, tiny_model):
 
 
 def test_bench_compare(tiny_so, tiny_model):
-    r = deploytool.bench(tiny_so, compare=tiny_model, repeats=5, warmup=1, min_seconds=0)
-    assert r.deploytool.repeats >= 5 and r.onnxruntime.repeats >= 5
+    """Rounds alternate the engines; the ratio is the median of the rounds' ratios, the timings pool
+    every round's samples."""
+    import statistics
+
+    r = deploytool.bench(tiny_so, compare=tiny_model, repeats=5, warmup=1, min_seconds=0, rounds=3)
+    assert r.deploytool.repeats == 15 and r.onnxruntime.repeats == 15
     assert r.deploytool.min_ms <= r.deploytool.median_ms <= r.deploytool.p90_ms
-    assert r.ratio == pytest.approx(r.deploytool.median_ms / r.onnxruntime.median_ms)
+    assert len(r.round_ratios) == 3 and r.ratio == pytest.approx(statistics.median(r.round_ratios))
+    one = deploytool.bench(tiny_so, compare=tiny_model, repeats=5, warmup=1, min_seconds=0, rounds=1)
+    assert one.ratio == pytest.approx(one.deploytool.median_ms / one.onnxruntime.median_ms)
+    assert "samples_ms" not in r.to_dict()["deploytool"]
 
 
 def test_compare_treats_matching_nans_as_equal():

@@ -225,6 +225,7 @@ def test_verbose_shows_traceback(cli, tmp_path):
     ("bench", ["--threads", "-2"], "--threads -2"),
     ("bench", ["--repeats", "0"], "--repeats 0"),
     ("bench", ["--warmup", "-1"], "--warmup -1"),
+    ("bench", ["--rounds", "0"], "--rounds 0"),
 ])
 def test_error_bad_numeric_options(cli, built, cmd, flags, needle):
     assert_one_line_error(cli(cmd, built, *flags), needle, "pass ")
