@@ -189,7 +189,8 @@ def plot(res: dict, path: Path) -> None:
         if ref:
             xs, ys = zip(*(ref + [(longest, ref[-1][1])]))
             ax.step(xs, ys, where="post", color="black", alpha=0.6, label="reference run (from scratch)")
-        ax.axhline(row["reference_ms"], color="gray", ls="--", label=f"reference's best ({row.get('reference_trials', '?')} trials)")
+        ax.axhline(row["reference_ms"], color="gray", ls="--",
+                   label=f"reference's best ({row.get('reference_trials', '?')} trials)")
         ax.axhline(row["reference_ms"] / 0.95, color="gray", ls=":", label="95% of the reference")
         ax.set_title(row["model"])
         ax.set_xlabel("trials")
