@@ -26,7 +26,7 @@ from typing import Any, Callable
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
 from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
-                                  timed_name, to_py)
+                                  this_boot, timed_name, to_py)
 
 log = logging.getLogger(__name__)
 
@@ -239,14 +239,26 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     machine = device_name(header["device"])
     timing = "cold" if header["measure"].get("cpu_timing") == "cold" else None
     here = timed_name(machine, timing, target.family != "cuda")
+    # this machine's records of an earlier boot count as another machine's: a cloud VM of the same
+    # name can be another host, or a slower day (ResNet-50's best candidates re-timed 1.16-1.36x
+    # their records one session later, and 632 new trials never beat the stale times). Boards over
+    # RPC keep theirs (the host's boot says nothing about the board).
+    boot = this_boot() if header["device"].get("kind") == "local" else None
+
+    def current(t: TuningLog, r: Record) -> bool:
+        return t.device_of(r) == here and (boot is None or r.boot == boot)
+
     foreign = None
     if old is not None:
-        mine = [r for r in old.records if old.device_of(r) == here]
-        others = [r for r in old.records if old.device_of(r) != here and r.workload in by_hash]
+        mine = [r for r in old.records if current(old, r)]
+        others = [r for r in old.records if not current(old, r) and r.workload in by_hash]
         if others:
             foreign = TuningLog(path=log_path, header=old.header, workloads=old.workloads, records=others)
+            whose = [d for d in old.devices() if d != here]
+            if any(old.device_of(r) == here for r in others):
+                whose.append(f"this machine before its last restart ({here})")
             log.info("tuning log %s holds timings from %s; this machine (%s) re-measures their best candidates",
-                     log_path, ", ".join(d for d in old.devices() if d != here), here)
+                     log_path, ", ".join(whose), here)
         old = TuningLog(path=log_path, header=old.header, workloads=old.workloads, records=mine, skipped=old.skipped)
     measured: dict[str, Record] = {}
     resumed = 0
@@ -275,7 +287,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 
     def record(st: TaskState, cand_hash: str, trace, out: Outcome, source: str) -> Record:
         r = Record(workload=st.workload, candidate=cand_hash, trace=trace, latency_s=out.latency_s,
-                   error=out.error, source=source, target_key=tkey, device=tag, timing=timing)
+                   error=out.error, source=source, target_key=tkey, device=tag, timing=timing, boot=boot)
         writer.record(r)
         measured[cand_hash] = r
         return r
@@ -308,7 +320,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 n += _retime(src, opts.retime_top, states, wmods, measured, measurer, record)
         if n:  # the cost model starts from the re-measured records
             old = TuningLog.read(log_path)
-            old.records = [r for r in old.records if old.device_of(r) == here]
+            old.records = [r for r in old.records if current(old, r)]
         for st in states:
             st.round_best.append(st.best_s)
             st.curve.append((st.trials, st.best_s))

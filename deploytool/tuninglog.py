@@ -91,6 +91,7 @@ class Record:
     time: float = 0.0
     device: str | None = None   # the machine that measured it (device_name), when not the header's
     timing: str | None = None   # "cold": a CPU record timed one cold call at a time (measure.cpu_timing)
+    boot: str | None = None     # the measuring host's boot (this_boot()), for records timed on it
 
     @property
     def ok(self) -> bool:
@@ -113,7 +114,19 @@ class Record:
             d["device"] = self.device
         if self.timing:
             d["timing"] = self.timing
+        if self.boot:
+            d["boot"] = self.boot
         return d
+
+
+def this_boot() -> str | None:
+    """This host's boot id (Linux), or None. Records measured here carry it: a cloud VM of the same
+    type and name can be a different host, or the same one on a slower day, after a restart (see
+    tuner: records of an earlier boot are re-measured before they count)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8] or None
+    except OSError:
+        return None
 
 
 def device_name(device: dict[str, Any] | None) -> str:
@@ -180,7 +193,8 @@ class TuningLog:
                                               latency_s=obj["latency_s"], error=obj.get("error"),
                                               source=obj.get("source", "search"),
                                               target_key=obj.get("target_key", ""), time=obj.get("time", 0.0),
-                                              device=obj.get("device") or None, timing=obj.get("timing") or None))
+                                              device=obj.get("device") or None, timing=obj.get("timing") or None,
+                                              boot=obj.get("boot") or None))
                     else:
                         raise ValueError(kind)
                 except (ValueError, KeyError, TypeError):

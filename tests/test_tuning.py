@@ -220,6 +220,41 @@ def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
 
 
 @_TUNED
+def test_records_of_an_earlier_boot_are_measured_again(tuned, tiny_model, tmp_path, cli):
+    """This machine's records from before a restart (another boot id: on a cloud VM, maybe another
+    host) count as another machine's: resuming re-measures the default and their best candidates
+    with this boot's id, before they count; a resume in the same boot measures nothing again."""
+    import dataclasses
+
+    from deploytool.tuninglog import this_boot, write_log
+
+    log, _ = tuned
+    mine = _read(log)
+    boot = this_boot()
+    assert boot and {r.boot for r in mine.records} == {boot}   # every record names the boot it was timed in
+    old = [dataclasses.replace(r, boot="0ldb00t0") for r in mine.records]
+    log2 = tmp_path / "restarted.jsonl"
+    write_log(log2, mine.header, mine.workloads.values(), old)
+    tune = ("tune", tiny_model, "--target", "x86", "-o", log2, "--trials-per-task", "2", "--retime-top", "2",
+            "--repeat", "2", "--min-repeat-ms", "2")
+    r = cli(*tune)
+    assert r.code == 0, r
+    two = _read(log2)
+    new = two.records[len(old):]
+    assert new and all(x.boot == boot for x in new)
+    by_wl = two.by_workload()
+    for wl in mine.workloads:
+        fresh = [x for x in by_wl[wl] if x.boot == boot]
+        assert sum(1 for x in fresh if x.source == "default") == 1  # the baseline measured again
+        top = sorted((x for x in by_wl[wl] if x.boot != boot and x.ok and x.source != "default"),
+                     key=lambda x: x.seconds)[:2]
+        assert {x.candidate for x in top} <= {x.candidate for x in fresh}
+    r = cli(*tune, "-q")   # same boot, budget spent: nothing measured again
+    assert r.code == 0, r
+    assert len(_read(log2).records) == len(two.records)
+
+
+@_TUNED
 def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_path, cli):
     """tune --retime-from: the other log's best candidates per kernel, measured again with this
     run's settings, are the new log's first trials (here the whole budget: no search)."""
