@@ -38,8 +38,7 @@ def fast_math_pass():
     forms."""
     import math
 
-    import tvm
-    from tvm import relax, topi
+    from tvm import topi
 
     def erf(x):  # the clamp to [-4, 4] would turn NaN into +-1
         return topi.where(topi.isnan(x), x, topi.fast_erf(x))
@@ -59,26 +58,18 @@ def fast_math_pass():
     def silu(x):
         return topi.multiply(x, sigmoid(x))
 
-    unary = {"relax.exp": (topi.fast_exp, "fast_exp"), "relax.erf": (erf, "fast_erf"),
+    forms = {"relax.exp": (topi.fast_exp, "fast_exp"), "relax.erf": (erf, "fast_erf"),
              "relax.tanh": (topi.fast_tanh, "fast_tanh"), "relax.sigmoid": (sigmoid, "fast_sigmoid"),
              "relax.nn.gelu": (gelu, "fast_gelu"), "relax.nn.gelu_tanh": (gelu_tanh, "fast_gelu_tanh"),
-             "relax.nn.silu": (silu, "fast_silu")}
+             "relax.nn.silu": (silu, "fast_silu"), "relax.nn.softmax": (topi.nn.fast_softmax, "fast_softmax")}
 
-    @relax.expr_functor.mutator
-    class FastMath(relax.PyExprMutator):
-        def visit_call_(self, call):
-            call = self.builder_.normalize(super().visit_call_(call))
-            if not isinstance(call.op, tvm.ir.Op) or str(getattr(call.args[0].ty, "dtype", "")) != "float32":
-                return call
-            name = call.op.name
-            if name in unary:
-                fn, prim_name = unary[name]
-                return self.builder_.call_te(fn, call.args[0], primfunc_name_hint=prim_name)
-            if name == "relax.nn.softmax":
-                return self.builder_.call_te(topi.nn.fast_softmax, call.args[0], int(call.attrs.axis),
-                                             primfunc_name_hint="fast_softmax")
-            return call
+    def rewrite(call, bb):
+        if str(getattr(call.args[0].ty, "dtype", "")) != "float32":
+            return None
+        fn, prim_name = forms[call.op.name]
+        extra = (int(call.attrs.axis),) if call.op.name == "relax.nn.softmax" else ()
+        return bb.call_te(fn, call.args[0], *extra, primfunc_name_hint=prim_name)
 
-    from deploytool.pipeline import _relax_function_pass
+    from deploytool.pipeline import _op_rewrite_pass
 
-    return _relax_function_pass(FastMath, "FastMath")
+    return _op_rewrite_pass(dict.fromkeys(forms, rewrite), "FastMath")

@@ -168,9 +168,10 @@ def _relax_function_pass(mutator, name: str):
     return run
 
 
-def _op_rewrite_pass(op_name: str, rewrite, name: str):
-    """A pass that replaces each call of the Relax operator ``op_name`` (its arguments already
-    rewritten) by ``rewrite(call)``, or keeps it where that returns None."""
+def _op_rewrite_pass(rewrites: dict, name: str):
+    """A pass that replaces each call of a Relax operator named in ``rewrites`` (its arguments
+    already rewritten) by ``rewrites[op name](call, builder)``, or keeps it where that returns None.
+    The builder is the pass's BlockBuilder (for ``call_te``)."""
     import tvm
     from tvm import relax
 
@@ -178,9 +179,9 @@ def _op_rewrite_pass(op_name: str, rewrite, name: str):
     class Rewrite(relax.PyExprMutator):
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
-            if not isinstance(call.op, tvm.ir.Op) or call.op.name != op_name:
+            if not isinstance(call.op, tvm.ir.Op) or call.op.name not in rewrites:
                 return call
-            out = rewrite(call)
+            out = rewrites[call.op.name](call, self.builder_)
             return call if out is None else self.builder_.normalize(out)
 
     return _relax_function_pass(Rewrite, name)
@@ -236,7 +237,7 @@ def _power_by_roots():
     import tvm
     from tvm import relax
 
-    def rewrite(call):
+    def rewrite(call, _bb):
         x, c = call.args
         if not isinstance(c, tvm.ir.Constant) or str(getattr(x.ty, "dtype", "")) not in ("float32", "float16") \
                 or getattr(c.ty, "ndim", -1) > getattr(x.ty, "ndim", -1):
@@ -252,7 +253,7 @@ def _power_by_roots():
             out = parts[f] if out is None else relax.op.multiply(out, parts[f])
         return out
 
-    return _op_rewrite_pass("relax.power", rewrite, "PowerByRoots")
+    return _op_rewrite_pass({"relax.power": rewrite}, "PowerByRoots")
 
 
 def _leaky_relu_as_max():
@@ -263,7 +264,7 @@ def _leaky_relu_as_max():
     transposes, ~2.5 of its 32 ms); multiply and maximum convert and fuse into the convolution."""
     from tvm import relax
 
-    def rewrite(call):
+    def rewrite(call, _bb):
         x = call.args[0]
         alpha = float(call.attrs.alpha)
         dtype = str(getattr(x.ty, "dtype", ""))
@@ -271,7 +272,7 @@ def _leaky_relu_as_max():
             return None
         return relax.op.maximum(x, relax.op.multiply(x, relax.const(alpha, dtype)))
 
-    return _op_rewrite_pass("relax.nn.leakyrelu", rewrite, "LeakyReluAsMax")
+    return _op_rewrite_pass({"relax.nn.leakyrelu": rewrite}, "LeakyReluAsMax")
 
 
 def _run_passes(seq, mod, target: Target, what: str):
