@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploytool.tuninglog import Record, TuningLog, TuningLogError, write_log
+from deploytool.tuninglog import Record, TuningLog, TuningLogError, comparable, write_log
 
 
 @dataclass
@@ -59,8 +59,9 @@ def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
     out = []
     for h, recs in per.items():
         w = tlog.workloads.get(h)
-        ok = [r.seconds for r in recs if r.ok]
-        dflt = [r.seconds for r in recs if r.ok and r.source == "default"]
+        comp = comparable(recs)  # latencies as of the machine's latest boot
+        ok = [x for _, x in comp]
+        dflt = [x for r, x in comp if r.source == "default"]
         out.append(WorkloadStats(hash=h, name=w.name if w else "?", flops=w.flops if w else 0.0,
                                  calls=_calls(w), records=len(recs), failures=sum(1 for r in recs if not r.ok),
                                  default_s=min(dflt) if dflt else None, best_s=min(ok) if ok else None))
@@ -103,9 +104,11 @@ def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
 
 def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
           device: str | None = None) -> tuple[TuningLog, int]:
-    """Keep the ``keep`` best valid records per workload and machine (and its default-schedule
-    record, the baseline); failures go. With ``device``, only that machine's records are pruned.
-    Returns the new log and how many records were dropped."""
+    """Keep the ``keep`` best valid records per workload and machine (ranked as of the machine's
+    latest boot), its default-schedule records (the baseline) and the records of candidates measured
+    in several boots (what ties the boots' latencies together, see tuninglog.comparable); failures
+    go. With ``device``, only that machine's records are pruned. Returns the new log and how many
+    records were dropped."""
     if keep < 1:
         raise TuningLogError(f"--keep {keep} would drop every record", "keep at least 1 record per workload")
     only = tlog.require_device(device, "--device") if device is not None else None
@@ -114,9 +117,14 @@ def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
         if only is not None and dev != only:
             kept += recs
             continue
-        best = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)[:keep]
+        best = [r for r, _ in sorted(comparable(recs), key=lambda p: p[1])[:keep]]
         ids = {id(r) for r in best}
         ids |= {id(r) for r in recs if r.source == "default" and r.ok}
+        boots: dict[str, set] = {}
+        for r in recs:
+            if r.ok:
+                boots.setdefault(r.candidate, set()).add(r.boot)
+        ids |= {id(r) for r in recs if r.ok and len(boots[r.candidate]) > 1}
         kept += [r for r in recs if id(r) in ids]
     order = {id(r): i for i, r in enumerate(tlog.records)}
     kept.sort(key=lambda r: order[id(r)])

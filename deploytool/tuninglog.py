@@ -29,6 +29,9 @@ the host it runs on), else the header's machine, else any.
 How a CPU latency was timed matters as much as where: records timed cold (``"timing": "cold"``,
 one call per cache flush, see deploytool.measure) never rank with records timed warm (everything
 before 2026-12-01, or --no-cache-flush), whose machine ``device_of`` names with ", warm caches".
+
+One machine, several boots: records carry the measuring host's boot id (``"boot"``), and latencies
+of different boots compare through the candidates measured in both (see ``comparable``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -302,17 +305,57 @@ class TuningLog:
         return self.best_by_workload(device).get(workload)
 
     def best_by_workload(self, device: str | None = None) -> dict[str, Record]:
+        """Per workload, the record ``best`` picks. Its latency is as of its machine's latest boot
+        (see comparable): a record of an earlier boot comes back as a copy with its latency scaled."""
         prefs = [d for d in (device, self.home) if d]
-        best: dict[str, tuple[int, float, Record]] = {}
-        for r in self.records:
-            if not r.ok:
-                continue
-            d = self.device_of(r)
+        best: dict[str, tuple[int, float, int, Record]] = {}
+        order = {id(r): i for i, r in enumerate(self.records)}
+        for (h, d), recs in self.by_workload_and_device().items():
             rank = prefs.index(d) if d in prefs else len(prefs)
-            cur = best.get(r.workload)
-            if cur is None or (rank, r.seconds) < cur[:2]:
-                best[r.workload] = (rank, r.seconds, r)
-        return {h: v[2] for h, v in best.items()}
+            for r, s in comparable(recs):
+                key = (rank, s, order[id(r)])
+                cur = best.get(h)
+                if cur is None or key < cur[:3]:
+                    best[h] = (*key, r if s == r.seconds else replace(r, latency_s=[x * s / r.seconds
+                                                                                     for x in r.latency_s]))
+        return {h: v[3] for h, v in best.items()}
+
+
+def comparable(recs: list[Record]) -> list[tuple[Record, float]]:
+    """One machine's valid records of one workload, each with its latency as of the machine's latest
+    boot. A machine can run slower or faster after a restart (a cloud VM: another host, or the same
+    one on a slower day: ResNet-50's best candidates re-timed 1.16-1.36x their records one session
+    later), so latencies of two boots compare only through candidates measured in both, which the
+    tuner provides: on resuming in a new boot it measures the default and the best candidates of the
+    earlier boots again. Boots are taken from the latest back; an earlier boot's latencies are scaled
+    by the median ratio, over the candidates a later boot measured again, of the later (scaled)
+    latency to its own. A candidate measured in several boots counts with its latest measurement
+    only. A boot that shares no candidate with a later one keeps its latencies (nothing tells them
+    apart); records without a boot id (older, or a board's over RPC) form one boot of their own."""
+    boots: dict[str | None, list[Record]] = {}
+    for r in recs:
+        boots.setdefault(r.boot, []).append(r)
+    if len(boots) == 1:
+        return [(r, r.seconds) for r in recs if r.ok]
+    order = sorted(boots, key=lambda b: max(r.time for r in boots[b]), reverse=True)
+    latest: dict[str, float | None] = {}   # candidate -> its scaled latency in the latest boot that measured it
+    out = []
+    for b in order:
+        mine = boots[b]
+        ratios = sorted(latest[r.candidate] / r.seconds for r in mine
+                        if r.ok and latest.get(r.candidate) is not None)
+        n = len(ratios)
+        scale = 1.0 if not n else ratios[n // 2] if n % 2 else 0.5 * (ratios[n // 2 - 1] + ratios[n // 2])
+        seen = {}
+        for r in mine:
+            if r.candidate in latest:  # measured again in a later boot
+                continue
+            s = r.seconds * scale if r.ok else None
+            seen[r.candidate] = s if seen.get(r.candidate) is None else min(seen[r.candidate], s or math.inf)
+            if s is not None:
+                out.append((r, s))
+        latest.update(seen)
+    return out
 
 
 def _short(key: str) -> str:

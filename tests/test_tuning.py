@@ -602,6 +602,54 @@ def test_compressed_logs_read_merge_and_refuse_appends(tmp_path, cli):
                           "gunzip -k")
 
 
+def test_latencies_of_two_boots_compare_through_the_candidates_timed_in_both(tmp_path, cli):
+    """One machine, two boots, the later one 1.3x slower: its re-timings of the earlier boot's
+    default and best candidates scale the earlier latencies, so a stale, faster-looking record does
+    not win the replay; a candidate timed again counts with its new time; prune keeps what ties the
+    boots together and ranks as compile does."""
+    import dataclasses
+
+    from deploytool.tuninglog import TuningLog, comparable, write_log
+
+    src = TuningLog.read(SHIPPED)
+    wl = next(iter(src.workloads))
+    proto = next(r for r in src.records if r.workload == wl and r.ok and src.device_of(r) == src.home)
+
+    def rec(cand, ms, boot, t, source="search"):
+        return dataclasses.replace(proto, candidate=cand, latency_s=[ms * 1e-3] * 3, boot=boot, time=t,
+                                   source=source, device=None)
+
+    early = [rec("dflt", 2.0, "b00ta", 1, "default"), rec("c1", 1.0, "b00ta", 2), rec("c2", 1.1, "b00ta", 3),
+             rec("c3", 1.2, "b00ta", 4)]
+    late = [rec("dflt", 2.6, "b00tb", 10, "default"), rec("c1", 1.3, "b00tb", 11), rec("c2", 1.43, "b00tb", 12),
+            rec("c4", 1.25, "b00tb", 13)]
+    log = tmp_path / "two-boots.jsonl"
+    write_log(log, src.header, [src.workloads[wl]], early + late)
+    two = TuningLog.read(log)
+    seen = {(r.candidate, r.boot): round(x * 1e3, 6) for r, x in comparable(two.records)}
+    assert seen == {("dflt", "b00tb"): 2.6, ("c1", "b00tb"): 1.3, ("c2", "b00tb"): 1.43, ("c4", "b00tb"): 1.25,
+                    ("c3", "b00ta"): 1.56}   # c3 scaled by 1.3; c1, c2 and dflt count as re-timed
+    best = two.best_by_workload()[wl]
+    assert best.candidate == "c4" and best.seconds == pytest.approx(1.25e-3)   # raw times would pick c1 (1.0)
+    r = cli("logs", "show", log, "--json")
+    assert r.code == 0, r
+    row = json.loads(r.out)["workloads"][0]
+    assert row["best_s"] == pytest.approx(1.25e-3) and row["default_s"] == pytest.approx(2.6e-3)
+    out = tmp_path / "pruned.jsonl"
+    r = cli("logs", "prune", log, "--keep", "1", "-o", out)
+    assert r.code == 0, r
+    kept = TuningLog.read(out)
+    assert sorted((x.candidate, x.boot) for x in kept.records) == sorted(
+        [("dflt", "b00ta"), ("dflt", "b00tb"), ("c1", "b00ta"), ("c1", "b00tb"), ("c2", "b00ta"), ("c2", "b00tb"),
+         ("c4", "b00tb")])
+    assert kept.best_by_workload()[wl].candidate == "c4"
+    # a third boot, 2x faster again, that timed only the default: the first boot scales through the second
+    third = late + early + [rec("dflt", 1.3, "b00tc", 20, "default"), rec("c5", 0.7, "b00tc", 21)]
+    got = {(r.candidate, r.boot): round(x * 1e3, 6) for r, x in comparable(third)}
+    assert got[("c3", "b00ta")] == 0.78 and got[("c4", "b00tb")] == 0.625 and ("dflt", "b00tb") not in got
+    assert min(got, key=got.get) == ("c4", "b00tb")
+
+
 def test_target_compatibility_rule():
     """A log serves targets with the same kind, triple, CPU and attributes; cores do not matter."""
     from deploytool import targets
