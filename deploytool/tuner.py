@@ -370,7 +370,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             with without_tensor_intrinsics(target):
                 return ms.TuneContext(mod=wmods[st.workload], target=tvm_target,
                                       space_generator=space.space_generator(target, with_default),
-                                      search_strategy=space.search_strategy(cfg), task_name=st.name,
+                                      search_strategy=space.search_strategy(cfg, per_task), task_name=st.name,
                                       rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
                                       num_threads=measurer.threads, logger=_quiet_logger())
 
