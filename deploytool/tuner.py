@@ -377,9 +377,18 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         def db(st: TaskState):
             return databases.setdefault(st.workload, ms.database.MemoryDatabase())
 
+        # tasks whose design spaces take no decision: the spaces (post-processed) are the whole search,
+        # measured in one round. The evolutionary search would spin on them: YOLOv3-tiny's decode
+        # kernel (two such spaces) took 138 s of search to find its one new candidate.
+        fixed: dict[str, list] = {}
+
         def start_search(ctx, st: TaskState) -> None:
+            spaces = ctx.generate_design_space()
+            if all(len(sp.trace.decisions) == 0 for sp in spaces):
+                fixed[st.workload] = _postprocessed(ctx, spaces)
+                return
             ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
-                           design_spaces=ctx.generate_design_space(), database=db(st), cost_model=cost_model)
+                           design_spaces=spaces, database=db(st), cost_model=cost_model)
             db(st).commit_workload(wmods[st.workload])
 
         def search_tiling_only(st: TaskState, why: Exception) -> None:
@@ -448,7 +457,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             cm_before = cost_model.seconds
             t0 = time.perf_counter()
             try:
-                cands = ctx.generate_measure_candidates()
+                whole = fixed.get(st.workload)
+                cands = whole if whole is not None else ctx.generate_measure_candidates()
             except Exception as e:  # a hard check inside MetaSchedule's search: this task only
                 search_tiling_only(st, e)
                 seconds["search"] += time.perf_counter() - t0
@@ -495,7 +505,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     if r.ok:
                         db(st).commit_tuning_record(ms.database.TuningRecord(
                             c.sch.trace, wl, r.latency_s, tvm_target, c.args_info))
-            ctx.notify_runner_results(used, results)
+            if whole is None:
+                ctx.notify_runner_results(used, results)
             if new:
                 cost_model.update(ctx, [used[i] for i in new], [results[i] for i in new])
                 st.empty_rounds = 0
@@ -509,6 +520,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.done = "converged"
             elif st.empty_rounds >= 3:
                 st.done = "no new candidates"
+            elif whole is not None and all(h in measured for h in hashes):
+                n = len(set(hashes))
+                st.done = f"search space measured ({n} candidate{'s' if n > 1 else ''})"
             run_curve.append((done_new, _estimate(states, "best_s")))
             if on_progress is not None:
                 elapsed = time.perf_counter() - loop_t0
@@ -520,8 +534,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                                          est_tuned_s=_estimate(states, "best_s")))
         for st in states:
             st.done = st.done or "budget"
-        for ctx in contexts.values():
-            ctx.post_tuning()
+        for w, ctx in contexts.items():
+            if w not in fixed:
+                ctx.post_tuning()
         seconds["cost_model"] = cost_model.seconds
         return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed)
     finally:
@@ -557,6 +572,20 @@ def _pick(active: list[TaskState]) -> TaskState:
         if best_g is None or g < best_g:
             best, best_g = st, g
     return best
+
+
+def _postprocessed(ctx, spaces) -> list:
+    """Design spaces without decisions as measure candidates, post-processed as the search would."""
+    from tvm.s_tir import meta_schedule as ms
+
+    args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
+    out = []
+    for sp in spaces:
+        sch = sp.copy()
+        sch.enter_postproc()
+        if all(p.apply(sch) for p in ctx.space_generator.postprocs):
+            out.append(ms.MeasureCandidate(sch, args_info))
+    return out
 
 
 def _retime(src: TuningLog, top: int, states: list[TaskState], wmods, measured, measurer, record) -> int:

@@ -56,6 +56,13 @@ def test_log_layout(tuned):
     # every candidate of a workload was measured once
     cands = [(x["workload"], x["candidate"]) for x in recs]
     assert len(cands) == len(set(cands))
+    # a kernel whose design spaces take no decision (a transpose, a sigmoid) is measured whole, not
+    # searched: each of its candidates once, the default among them
+    whole = {t["workload"]: t for t in summary["tasks"] if t["done"].startswith("search space measured")}
+    assert {t["name"] for t in whole.values()} >= {"transpose", "fast_sigmoid"}, summary["tasks"]
+    for h, t in whole.items():
+        n = int(t["done"].split("(")[1].split()[0])
+        assert 1 <= sum(1 for x in recs if x["workload"] == h) <= n + 1   # + the default, if it differs
 
 
 @_TUNED
