@@ -60,22 +60,28 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     import tvm
     from tvm import relax
 
+    from deploytool import const_fold as _const_fold
     from deploytool import cublas as _cublas
     from deploytool import cudnn as _cudnn
     from deploytool import fast_math as _fast_math
     from deploytool import schedules, splitk
 
+    fold = [_const_fold.fold_pass(), relax.transform.FoldConstant()]  # numpy first: no LLVM build per weight
     passes = [
         _accumulate_half_in_float32(),
-        relax.transform.FoldConstant(),
+        *fold,
         relax.transform.FoldBatchnormToConv2D(),
         relax.transform.DecomposeOpsForInference(),
-        relax.transform.FoldConstant(),
+        *fold,
         _power_by_roots(),
         _leaky_relu_as_max(),
     ]
     if dtype == "float16":
-        passes += [relax.transform.ToMixedPrecision(out_dtype="float16"), relax.transform.FoldConstant()]
+        # CanonicalizeBindings first: a BatchNorm left unfolded (after a convolution with a bias)
+        # decomposes into a tuple of its outputs, which ToMixedPrecision fails on ("The type is not
+        # populated") until the tuple's [0] is bound directly
+        passes += [relax.transform.CanonicalizeBindings(), relax.transform.ToMixedPrecision(out_dtype="float16"),
+                   *fold]
     elif dtype != "float32":
         raise TargetError(f"unknown --dtype '{dtype}'", f"use one of {', '.join(DTYPES)}")
     if target.family == "cuda" and dtype == "float16":  # one cast of a tensor, not one per consumer
@@ -92,8 +98,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
         try:
             with target.tvm_target():
                 mod = tvm.transform.Sequential([_full_rank_broadcast_constants(),
-                                                relax.transform.ConvertLayout(layouts),
-                                                relax.transform.FoldConstant()])(mod)
+                                                relax.transform.ConvertLayout(layouts), *fold])(mod)
         except Exception as e:  # TVM's layout inference misses some graphs: keep the ONNX layout
             log.info("layout conversion skipped: %s", describe(e))
     if winograd_applies(target, dtype, winograd):
