@@ -6,8 +6,7 @@ The loop is ours (not MetaSchedule's TaskScheduler) so that it can:
 * resume: trials already in the log count against the budget, candidates already measured are
   never built or timed again (looked up by the scheduled kernel's structural hash), the cost
   model is warm-started from the log and the search from its best records;
-* stop a task early when its best has not improved for ``early_stop`` trials (longer for a task
-  that weighs more than its share of the end-to-end estimate, see ``patience``);
+* stop a task early when its best has not improved for ``early_stop`` trials;
 * allocate trials across tasks by gradient (Ansor): the next round goes to the task whose
   next round is expected to cut the most end-to-end latency (calls x latency);
 * account for where the time goes (search, building, measuring, cost model) and report
@@ -168,20 +167,6 @@ def _estimate(states: list[TaskState], attr: str) -> float:
             v = t.default_s
         total += (v if v < math.inf else 0.0) * max(t.calls, 1)
     return total
-
-
-def patience(st: TaskState, states: list[TaskState], early: int) -> int:
-    """Trials without a 1% gain after which a task stops: ``early`` for a task of at most the average
-    weight (calls x best latency over the model's estimate), up to 4x ``early`` for one weighing 4x
-    the average or more. From scratch on BERT (128 trials per kernel), a flat 48 stopped its three
-    big matmuls, together over half the model, at 82.5 ms; searched on, they improved 1.12-1.56x
-    (62.8 ms). A light task still stops after ``early``: its trials are better spent elsewhere."""
-    total = _estimate(states, "best_s")
-    best = st.best_s if st.best_s < math.inf else st.default_s
-    if not total or best == math.inf:
-        return early
-    share = best * max(st.calls, 1) / total * len(states)
-    return round(early * min(4.0, max(1.0, share)))
 
 
 def tune(partitioned_mod, task_list, target, log_path: str | Path, options: TuneOptions | None = None,
@@ -516,7 +501,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             st.round_best.append(st.best_s)
             if st.trials >= per_task:
                 st.done = "budget"
-            elif early and st.since_gain >= patience(st, states, early):
+            elif early and st.since_gain >= early:
                 st.done = "converged"
             elif st.empty_rounds >= 3:
                 st.done = "no new candidates"

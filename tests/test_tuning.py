@@ -657,27 +657,6 @@ def test_latencies_of_two_boots_compare_through_the_candidates_timed_in_both(tmp
     assert min(got, key=got.get) == ("c4", "b00tb")
 
 
-def test_heavy_kernels_search_longer_before_early_stopping():
-    """Early stopping's patience: ``early`` trials for a kernel of at most average weight, k times
-    that for one weighing k times the average (calls x latency), at most 4x."""
-    from deploytool.tuner import TaskState, patience
-
-    def st(name, ms, calls=1, default_ms=None):
-        return TaskState(name=name, workload=name, flops=1.0, calls=calls, args=[], best_s=ms * 1e-3,
-                         default_s=(default_ms or ms) * 1e-3)
-
-    # four kernels, 10 ms in all, 2.5 ms average
-    light, avg, heavy = st("light", 0.5), st("avg", 2.5), st("heavy", 1.0, calls=5)
-    states = [light, avg, heavy, st("rest", 2.0)]
-    assert patience(light, states, 48) == 48 and patience(avg, states, 48) == 48
-    assert patience(heavy, states, 48) == 96          # 5 ms: twice the average
-    dominant = [st("big", 93.0)] + [st(f"k{i}", 1.0) for i in range(7)]   # 7.4x the average
-    assert patience(dominant[0], dominant, 48) == 192  # capped at 4x
-    unmeasured = TaskState(name="u", workload="u", flops=1.0, calls=1, args=[])
-    assert patience(unmeasured, [unmeasured], 48) == 48
-    assert patience(dominant[0], dominant, 0) == 0     # --early-stop 0: never (the caller skips it)
-
-
 def test_target_compatibility_rule():
     """A log serves targets with the same kind, triple, CPU and attributes; cores do not matter."""
     from deploytool import targets
