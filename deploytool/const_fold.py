@@ -20,6 +20,8 @@ _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply":
            "relax.divide": np.divide, "relax.maximum": np.maximum, "relax.minimum": np.minimum}
 _UNARY = {"relax.sqrt": np.sqrt, "relax.negative": np.negative}
 _FLOATS = ("float16", "float32", "float64")
+_MOVES = {"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squeeze", "relax.astype",
+          "relax.layout_transform"}
 
 
 def fold_pass():
@@ -32,15 +34,14 @@ def fold_pass():
     @relax.expr_functor.mutator
     class Fold(relax.PyExprMutator):
         def constant(self, e):
-            """The numpy value of ``e`` when it is (bound to) a constant, else None."""
+            """The constant ``e`` is (or is bound to), else None."""
             while isinstance(e, relax.Var):
                 b = self.lookup_binding(e)
                 if b is None:
                     return None
                 e = b
-            if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm)):  # a scalar: R.add(x, T.float32(1e-05))
-                return np.array(e.value, dtype=str(e.ty.dtype))
-            return e.value.numpy() if isinstance(e, tvm.ir.GenericConst) else None
+            # a scalar operand, R.add(x, T.float32(1e-05)), or a tensor
+            return e if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm, tvm.ir.GenericConst)) else None
 
         def visit_call_(self, call):
             call = self.builder_.normalize(super().visit_call_(call))
@@ -55,9 +56,16 @@ def fold_pass():
     return _relax_function_pass(Fold, "NumpyFoldConstant")
 
 
+def _value(c) -> np.ndarray:
+    """A constant (see Fold.constant) as an array."""
+    return c.value.numpy() if hasattr(c.value, "numpy") else np.array(c.value, dtype=str(c.ty.dtype))
+
+
 def _evaluate(call, constant):
     """``call``'s value computed in numpy, or None where it is not one of ours or not constant."""
     name = call.op.name
+    if name not in _BINARY and name not in _UNARY and name not in _MOVES:
+        return None
     ty = call.ty
     dtype = str(getattr(ty, "dtype", ""))
     if not dtype or getattr(ty, "shape", None) is None:
@@ -69,15 +77,19 @@ def _evaluate(call, constant):
     if name in _BINARY or name in _UNARY:
         if dtype not in _FLOATS:
             return None
-        xs = [constant(a) for a in call.args]
-        if any(x is None or str(x.dtype) != dtype for x in xs):
+        cs = [constant(a) for a in call.args]
+        if any(c is None for c in cs):
+            return None
+        xs = [_value(c) for c in cs]
+        if any(str(x.dtype) != dtype for x in xs):
             return None
         with np.errstate(all="ignore"):
             out = (_BINARY.get(name) or _UNARY[name])(*xs)
         return out if list(out.shape) == shape else None
-    x = constant(call.args[0]) if call.args else None
-    if x is None:
+    c = constant(call.args[0]) if call.args else None
+    if c is None:
         return None
+    x = _value(c)
     if name == "relax.reshape":
         return x.reshape(shape)
     if name == "relax.permute_dims":

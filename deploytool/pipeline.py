@@ -68,6 +68,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
 
     fold = [_const_fold.fold_pass(), relax.transform.FoldConstant()]  # numpy first: no LLVM build per weight
     passes = [
+        *([_take_clipped()] if target.family != "cuda" else []),
         _accumulate_half_in_float32(),
         *fold,
         relax.transform.FoldBatchnormToConv2D(),
@@ -259,6 +260,22 @@ def _power_by_roots():
         return out
 
     return _op_rewrite_pass({"relax.power": rewrite}, "PowerByRoots")
+
+
+def _take_clipped():
+    """Gathers (ONNX Gather: TVM's importer emits ``take`` in "fast" mode, after normalizing
+    negative indices) clip their indices on CPUs: an index out of range (a BERT token id past the
+    vocabulary) read out of bounds and crashed the process (or, on a Cortex-M, read other memory).
+    Clipped, it reads the last row; onnxruntime refuses such an input. One min/max per index."""
+    from tvm import relax
+
+    def rewrite(call, bb):
+        if str(call.attrs.mode) != "fast":
+            return None
+        axis = call.attrs.axis
+        return relax.op.take(call.args[0], call.args[1], None if axis is None else int(axis), mode="clip")
+
+    return _op_rewrite_pass({"relax.take": rewrite}, "TakeClipped")
 
 
 def _leaky_relu_as_max():
