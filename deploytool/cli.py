@@ -531,8 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trials", type=int, help="total search trials over all kernels (default: per task x kernels)")
     s.add_argument("--trials-per-task", type=int, help="search trials per kernel (default: 64 on CPUs)")
     s.add_argument("--batch", type=int, help="candidates per round (default: 16)")
-    s.add_argument("--early-stop", type=int, help="stop a kernel after this many trials without a 1%% gain "
-                   "(default: 48; 0: never)")
+    s.add_argument("--early-stop", type=int, help="after this many trials without a 1%% gain, restart a kernel's "
+                   "search once from its best records, and stop it at the second stall (default: 48; 0: never)")
     s.add_argument("--workers", type=int, help="parallel build processes (default: physical cores)")
     s.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate (default: 3)")
     s.add_argument("--min-repeat-ms", type=int, default=10, help="each repeat runs at least this long (default: 10)")

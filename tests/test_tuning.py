@@ -397,18 +397,22 @@ def test_warm_timed_records_count_as_another_machines(tiny_model, tmp_path, cli)
 @_TUNED
 def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, tmp_path, cli):
     """tune --first-round 1 with a total budget of one search trial per kernel: every kernel gets its
-    one probe (without it, the heaviest kernels take full rounds of 4 and some get none)."""
+    one probe (without it, the heaviest kernels take full rounds of 4 and some get none). A kernel
+    whose only candidate is its default schedule (the transpose) has nothing to probe."""
     _, summary = tuned
     n = len(summary["tasks"])
+    only_default = {t["workload"] for t in summary["tasks"] if t["done"] == "search space measured (1 candidate)"}
+    assert only_default, summary["tasks"]
     counts = {}
     for flag in ([], ["--first-round", "1"]):
         out = tmp_path / f"first{len(flag)}.jsonl"
         r = cli("tune", tiny_model, "--target", "x86", "-o", out, *TINY, "--trials", str(n), "-q", *flag)
         assert r.code == 0, r
-        counts[bool(flag)] = sorted(sum(1 for x in recs if x.source == "search")
-                                    for recs in _read(out).by_workload().values())
-    assert counts[True] == [1] * n, counts
-    assert counts[False] != [1] * n and sum(counts[False]) == n, counts
+        counts[bool(flag)] = {wl: sum(1 for x in recs if x.source == "search")
+                              for wl, recs in _read(out).by_workload().items()}
+        assert sum(counts[bool(flag)].values()) == n and not any(counts[bool(flag)][w] for w in only_default)
+    assert all(c >= 1 for w, c in counts[True].items() if w not in only_default), counts
+    assert any(c == 0 for w, c in counts[False].items() if w not in only_default), counts
     r = cli("tune", tiny_model, "--target", "x86", "-o", tmp_path / "bad.jsonl", "--first-round", "0", "-q")
     assert r.code == 2 and "--first-round" in r.err
 
@@ -447,6 +451,25 @@ def _left_alive(workers, wait_s: float = 20) -> list:
     while alive() and time.time() < deadline:
         time.sleep(0.2)
     return alive()
+
+
+def test_a_stalled_kernel_restarts_its_search_once_then_stops(tmp_path, tiny_model, cli):
+    """--early-stop N: a kernel without a 1% gain in N trials restarts its search (fresh state, seeded
+    with its best records) once; at its second stall it stops as converged. No candidate is
+    measured twice across the restart."""
+    log = tmp_path / "stall.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log, "--trials-per-task", "24", "--early-stop", "4",
+            "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2", "--json")
+    assert r.code == 0, r
+    tasks = json.loads(r.out)["tasks"]
+    stalled = [t for t in tasks if t["done"] == "converged"]
+    assert stalled, tasks
+    for t in stalled:
+        assert t["restarts"] == 1 and 8 <= t["trials"] < 24, t   # two stalls of at least 4 trials each
+    assert all(t["restarts"] == 0 for t in tasks if t["done"].startswith("search space measured"))
+    recs = [json.loads(x) for x in log.read_text().splitlines()[1:] if '"record"' in x]
+    cands = [(x["workload"], x["candidate"]) for x in recs]
+    assert len(cands) == len(set(cands))
 
 
 def test_ctrl_c_stops_cleanly(tmp_path, tiny_model):
