@@ -26,46 +26,42 @@ _MOVES = {"relax.reshape", "relax.permute_dims", "relax.expand_dims", "relax.squ
 
 def fold_pass():
     """The numpy folding pass: a Relax module pass (see the module doc)."""
+    from tvm import relax
+
+    from deploytool.pipeline import _op_rewrite_pass
+
+    def rewrite(call, bb):
+        out = _evaluate(call, lambda e: _constant(e, bb))
+        if out is None:
+            return None
+        dtype = str(call.ty.dtype)
+        return relax.const(np.ascontiguousarray(out.astype(dtype, copy=False)), dtype)
+
+    return _op_rewrite_pass({name: rewrite for name in (*_BINARY, *_UNARY, *_MOVES)}, "NumpyFoldConstant")
+
+
+def _constant(e, bb):
+    """The constant ``e`` is (or is bound to, in the builder ``bb``), else None."""
     import tvm
     from tvm import relax
 
-    from deploytool.pipeline import _relax_function_pass
-
-    @relax.expr_functor.mutator
-    class Fold(relax.PyExprMutator):
-        def constant(self, e):
-            """The constant ``e`` is (or is bound to), else None."""
-            while isinstance(e, relax.Var):
-                b = self.lookup_binding(e)
-                if b is None:
-                    return None
-                e = b
-            # a scalar operand, R.add(x, T.float32(1e-05)), or a tensor
-            return e if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm, tvm.ir.GenericConst)) else None
-
-        def visit_call_(self, call):
-            call = self.builder_.normalize(super().visit_call_(call))
-            if not isinstance(call.op, tvm.ir.Op):
-                return call
-            out = _evaluate(call, self.constant)
-            if out is None:
-                return call
-            dtype = str(call.ty.dtype)
-            return self.builder_.normalize(relax.const(np.ascontiguousarray(out.astype(dtype, copy=False)), dtype))
-
-    return _relax_function_pass(Fold, "NumpyFoldConstant")
+    while isinstance(e, relax.Var):
+        b = bb.lookup_binding(e)
+        if b is None:
+            return None
+        e = b
+    # a scalar operand, R.add(x, T.float32(1e-05)), or a tensor
+    return e if isinstance(e, (tvm.tirx.FloatImm, tvm.tirx.IntImm, tvm.ir.GenericConst)) else None
 
 
 def _value(c) -> np.ndarray:
-    """A constant (see Fold.constant) as an array."""
+    """A constant (see _constant) as an array."""
     return c.value.numpy() if hasattr(c.value, "numpy") else np.array(c.value, dtype=str(c.ty.dtype))
 
 
 def _evaluate(call, constant):
     """``call``'s value computed in numpy, or None where it is not one of ours or not constant."""
     name = call.op.name
-    if name not in _BINARY and name not in _UNARY and name not in _MOVES:
-        return None
     ty = call.ty
     dtype = str(getattr(ty, "dtype", ""))
     if not dtype or getattr(ty, "shape", None) is None:

@@ -418,7 +418,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             try:
                 ctx = contexts[st.workload] = make_context(st, states.index(st) + 7919 * st.restarts,
                                                            with_default=st.workload not in tiling_only)
-                _commit_best(ctx, [r for r in measured.values() if r.workload == st.workload], db(st), tvm_target)
+                best = sorted((r for r in measured.values() if r.workload == st.workload and r.ok),
+                              key=lambda r: r.seconds)[:32]
+                _commit_best(ctx, _replayed(ctx, best), db(st), tvm_target)
                 start_search(ctx, st)
             except Exception as e:
                 search_tiling_only(st, e)
@@ -642,18 +644,11 @@ def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_tar
         return
     ok = sorted((r for r in recs if r.ok), key=lambda r: r.seconds)
     keep = ok[:256] + [r for r in recs if not r.ok][:32]
-    schs, lats, best_schs = [], [], []
-    for r in keep:
-        try:
-            sch = replay_trace(ctx.mod, r.trace)
-        except Exception:  # a trace from an older deploytool or TVM: skip it
-            continue
-        schs.append(sch)
-        lats.append(r.seconds if r.ok else 1e10)
-        if r.ok and len(best_schs) < 32:
-            best_schs.append((sch, r))
-    if not schs:
+    pairs = _replayed(ctx, keep)
+    if not pairs:
         return
+    schs = [sch for sch, _ in pairs]
+    lats = [r.seconds if r.ok else 1e10 for _, r in pairs]
     args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
     cands = [ms.MeasureCandidate(s, args_info) for s in schs]
     if ms_model is not None:
@@ -661,22 +656,28 @@ def _warm_start(ctx, st: TaskState, old: TuningLog, model, database, fe, tvm_tar
                                      ms.runner.RunnerResult(None, "failed") for x in lats])
     else:
         model.add(kernel_hash(ctx.mod), F.from_candidates(ctx, cands, fe), np.array(lats))
-    wl = database.commit_workload(ctx.mod)
-    for sch, r in best_schs:
-        database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, r.latency_s, tvm_target, args_info))
+    _commit_best(ctx, pairs, database, tvm_target)
 
 
-def _commit_best(ctx, recs: list[Record], database, tvm_target, k: int = 32) -> None:
-    """The ``k`` best valid records of a task into its search database (the search's starting points)."""
+def _replayed(ctx, recs: list[Record]) -> list:
+    """(schedule, record) for each record whose trace replays on the task (in ``recs``' order)."""
+    out = []
+    for r in recs:
+        try:
+            out.append((replay_trace(ctx.mod, r.trace), r))
+        except Exception:  # a trace from an older deploytool or TVM: skip it
+            continue
+    return out
+
+
+def _commit_best(ctx, pairs: list, database, tvm_target, k: int = 32) -> None:
+    """The first ``k`` valid (schedule, record) pairs (best first) into a task's search database:
+    the search's starting points."""
     from tvm.s_tir import meta_schedule as ms
 
     args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
     wl = database.commit_workload(ctx.mod)
-    for r in sorted((r for r in recs if r.ok), key=lambda r: r.seconds)[:k]:
-        try:
-            sch = replay_trace(ctx.mod, r.trace)
-        except Exception:  # a trace from an older deploytool or TVM
-            continue
+    for sch, r in [p for p in pairs if p[1].ok][:k]:
         database.commit_tuning_record(ms.database.TuningRecord(sch.trace, wl, r.latency_s, tvm_target, args_info))
 
 

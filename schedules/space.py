@@ -400,10 +400,10 @@ def search_population(config: SearchConfig, trials_per_task: int) -> int:
     return max(32, min(config.population, 16 * max(trials_per_task, 1)))
 
 
-def search_strategy(config: SearchConfig, trials_per_task: int | None = None):
+def search_strategy(config: SearchConfig, trials_per_task: int):
     from tvm.s_tir import meta_schedule as ms
 
-    pop = config.population if trials_per_task is None else search_population(config, trials_per_task)
+    pop = search_population(config, trials_per_task)
     return ms.search_strategy.EvolutionarySearch(
         population_size=pop,
         init_measured_ratio=0.2,
