@@ -191,7 +191,7 @@ def plot(tlog: TuningLog, output: str | Path, top: int = 8, device: str | None =
     s = stats(tlog, device)
     total, per = curves(tlog, s.device)
     st = {w.hash: w for w in s.workloads}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.8))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(15, 4.8))
     if total:
         xs, ys = zip(*total)
         a.plot(xs, [y * 1e3 for y in ys], color="tab:blue")
@@ -211,7 +211,7 @@ def plot(tlog: TuningLog, output: str | Path, top: int = 8, device: str | None =
     b.set_ylabel("best latency (ms)")
     b.set_title(f"the {len(heavy)} heaviest kernels")
     b.grid(alpha=0.3, which="both")
-    b.legend(fontsize=7)
+    b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0)  # outside: never over a curve
     fig.suptitle(f"{Path(str(tlog.path)).name} -- target {tlog.target_name}"
                  + (f", measured on {s.device}" if len(s.devices) > 1 else ""))
     fig.tight_layout()
