@@ -96,7 +96,8 @@ def at_trials(curve, n: float):
 KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
          "metaschedule": "MetaSchedule XGBModel, from scratch",
          "metaschedule-pretrained": "MetaSchedule XGBModel, pretrained without it",
-         "probe": "pretrained without it, first round of 4"}  # tune --first-round 4: every kernel probed first
+         "probe": "pretrained without it, first round of 4",  # tune --first-round 4: every kernel probed first
+         "transfer": "other family's model without it, first round of 4"}  # --transfer-from: e.g. AVX-512 for AVX2
 
 
 def trials_to(curve, target_s: float):
@@ -109,14 +110,24 @@ def trials_to(curve, target_s: float):
 def markdown(res: dict, trials_per_task: int) -> str:
     models = res["dataset"]["models"]
     lines = [f"Dataset: {res['dataset']['records']} records of {res['dataset']['kernels']} kernels from "
-             f"{', '.join(models)} ({res['dataset']['family']}).", "",
-             "Offline, each model held out (pretrained on the others):", "",
-             "| held-out model | pairwise acc. | random | top-10 recall | random | top-1 score | random |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             f"{', '.join(models)} ({res['dataset']['family']})"
+             + "".join(f", plus {d['records']} records of the {d['family']} family ({', '.join(d['models'])})"
+                       for d in res["dataset"].get("also", [])) + ".", ""]
+    tf = res.get("transfer_from")
+    if tf:
+        lines += [f"Transfer: a model of the {tf['family']} family ({tf['records']} records of "
+                  f"{', '.join(tf['models'])}), trained without the held-out model, scores the same records "
+                  f"(columns 'other family').", ""]
+    other = bool(tf) and any("transfer" in r for r in res["offline"])
+    head = ["pairwise acc.", "top-10 recall", "top-1 score"]
+    cols = ["this family", "other family", "random"] if other else ["pretrained", "random"]
+    lines += ["Offline, each model held out (pretrained on the others):", "",
+              "| held-out model | " + " | ".join(f"{h}: {c}" for h in head for c in cols) + " |",
+              "|---|" + "---:|" * (len(head) * len(cols))]
     for r in res["offline"]:
-        p, q = r["pretrained"], r["random"]
-        lines.append(f"| {r['model']} | {p['pairwise_accuracy']:.3f} | {q['pairwise_accuracy']:.3f} | "
-                     f"{p['top10_recall']:.3f} | {q['top10_recall']:.3f} | {p['top1_score']:.3f} | {q['top1_score']:.3f} |")
+        runs = [r["pretrained"]] + ([r["transfer"]] if other else []) + [r["random"]]
+        cells = [f"{x[k]:.3f}" for k in ("pairwise_accuracy", "top10_recall", "top1_score") for x in runs]
+        lines.append(f"| {r['model']} | " + " | ".join(cells) + " |")
     if res["online"]:
         lines += ["", f"Online, {trials_per_task} trials per kernel (estimated end to end, ms):", "",
                   "| model | cost model | seed | untuned | after the budget | reference (best of its log) | trials to 95% of ref |",
@@ -221,10 +232,19 @@ def main() -> int:
                     "held-out model, so that both pretrained models learn from the same records")
     ap.add_argument("--no-offline", action="store_true", help="skip the offline section (pretrain only the "
                     "leave-one-out models the other sections need)")
+    ap.add_argument("--also", action="append", default=[], metavar="OTHER.npz", help="the pretrained models also "
+                    "learn from another family's dataset, less the held-out model (pretrain train --also: the "
+                    "x86-avx2 model's recipe)")
+    ap.add_argument("--transfer-from", help="another family's dataset (e.g. x86-avx512.npz when DATA is "
+                    "x86-avx2.npz): the offline section also scores each held-out model with a model pretrained on it "
+                    "(less that model), and kind 'transfer' tunes with it: is a family's own model worth shipping "
+                    "over the nearest family's?")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if any(k not in KINDS for k in kinds):
         ap.error(f"--kinds: one of {', '.join(KINDS)}")
+    if "transfer" in kinds and not args.transfer_from:
+        ap.error("--kinds transfer needs --transfer-from (the other family's dataset)")
     if "metaschedule-pretrained" in kinds and not args.ms_logs:
         ap.error("--kinds metaschedule-pretrained needs --ms-logs (the logs DATA was built from)")
 
@@ -238,27 +258,52 @@ def main() -> int:
     res = {"dataset": {"records": int(len(data["latency"])), "kernels": int(len(np.unique(data["group"]))),
                        "models": models, "family": str(data["family"])}, "offline": [], "online": [], "predict": []}
     tmp = Path(tempfile.mkdtemp(prefix="pretrain-"))
-    loo = {}
+    other = P.load_dataset(args.transfer_from) if args.transfer_from else None
+    also = [P.load_dataset(p) for p in args.also]
+    if also:
+        res["dataset"]["also"] = [{"records": int(len(d["latency"])), "family": str(d["family"]),
+                                   "models": sorted(set(d["model"].tolist()))} for d in also]
+    if other is not None:
+        res["transfer_from"] = {"records": int(len(other["latency"])), "family": str(other["family"]),
+                                "models": sorted(set(other["model"].tolist()))}
+    loo, loo_other = {}, {}
     needed = {x for x in (args.online + "," + (args.predict_models or "")).split(",") if x}
+    for m in needed:  # a held-out model must not be in under another name (a log named after its file)
+        alias = [x for x in models + (res.get("transfer_from") or {}).get("models", [])
+                 + [y for d in res["dataset"].get("also", []) for y in d["models"]] if x != m and x.startswith(m)]
+        if alias:
+            raise SystemExit(f"held-out model {m!r}: the dataset holds {alias[0]!r}, which looks like the same model "
+                             f"under another name; rebuild the dataset from a log named {m}-<target>.jsonl")
     for m in models:
         if args.no_offline and m not in needed:
             continue
-        cm = P.fit(data, exclude=[m])
+        cm = P.fit(data, exclude=[m], also=also)
         path = tmp / f"without-{m}.ubj"
         cm.save(path)
         loo[m] = path
+        cm_other = None
+        if other is not None:
+            cm_other = P.fit(other, exclude=[m])
+            loo_other[m] = tmp / f"other-without-{m}.ubj"
+            cm_other.save(loo_other[m])
         if args.no_offline:
             continue
         ours = P.evaluate(cm, data, only=[m])
         rnd = P.evaluate(lambda X: np.random.default_rng(0).uniform(size=len(X)), data, only=[m])
         res["offline"].append({"model": m, "pretrained": ours, "random": rnd})
-        print(f"offline {m}: {ours}", flush=True)
+        if cm_other is not None:
+            res["offline"][-1]["transfer"] = P.evaluate(cm_other, data, only=[m])
+        print(f"offline {m}: {res['offline'][-1]}", flush=True)
 
     outside = sorted(needed - set(models))  # held out by construction: pretrained on the whole dataset
     if outside:
         path = tmp / "whole-dataset.ubj"
-        P.fit(data, exclude=[]).save(path)
+        P.fit(data, exclude=outside, also=also).save(path)
         loo.update({m: path for m in outside})
+        if other is not None:
+            path = tmp / "other-whole-dataset.ubj"
+            P.fit(other, exclude=outside).save(path)
+            loo_other.update({m: path for m in outside})
 
     entries = {e["name"]: e for e in benchmark.load_manifest()["models"]}
     cache = Path.home() / ".cache" / "deploytool" / "corpus"
@@ -282,12 +327,13 @@ def main() -> int:
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
                 cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule",
-                      "metaschedule-pretrained": f"metaschedule:{ms_path}", "probe": str(loo[m])}[kind]
+                      "metaschedule-pretrained": f"metaschedule:{ms_path}", "probe": str(loo[m]),
+                      "transfer": str(loo_other.get(m))}[kind]
                 log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
                                     early_stop=0, seed=seed, cost_model=cm,
-                                    first_round=4 if kind == "probe" else 10**6)  # 10**6: a full first round
+                                    first_round=4 if kind in ("probe", "transfer") else 10**6)  # 10**6: a full first round
                 curve = [(n, s * 1e3) for n, s in r.curve]
                 run = {"kind": KINDS[kind], "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
                        "untuned_ms": r.est_untuned_s * 1e3, "trials": r.trials_new,

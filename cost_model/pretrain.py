@@ -61,11 +61,12 @@ def family_of(target) -> str:
 NEAREST_FAMILY = {"x86-avx2": "x86-avx512"}
 
 
-def pretrained_path(target, nearest: bool = False) -> Path | None:
-    """The family's shipped model; with ``nearest``, else its nearest family's (NEAREST_FAMILY)."""
+def pretrained_path(target, nearest: bool = False, directory: Path = PRETRAINED_DIR) -> Path | None:
+    """The family's shipped model (in ``directory``); with ``nearest``, else its nearest family's
+    (NEAREST_FAMILY)."""
     family = family_of(target)
     for f in (family, NEAREST_FAMILY.get(family) if nearest else None):
-        p = PRETRAINED_DIR / f"{f}.ubj"
+        p = Path(directory) / f"{f}.ubj"
         if f and p.is_file():
             return p
     return None
@@ -156,15 +157,19 @@ def _select(data: dict, exclude=(), only=()) -> dict:
     return {k: (v[m] if np.ndim(v) and len(v) == len(m) else v) for k, v in data.items()}
 
 
-def fit(data: dict, exclude=(), seed: int = 0, nthread: int | None = None):
-    """An XGBCostModel trained on every workload of ``data`` (less the excluded models)."""
+def fit(data: dict, exclude=(), seed: int = 0, nthread: int | None = None, also=()):
+    """An XGBCostModel trained on every workload of ``data`` (less the excluded models), and of the
+    ``also`` datasets (another family's records: labels stay within one family's kernel, since a
+    kernel's candidates are ranked against each other, so one workload timed on both families makes
+    two groups)."""
     from deploytool.cost_model.model import XGBCostModel
 
-    d = _select(data, exclude=exclude)
     m = XGBCostModel(seed=seed, nthread=nthread)
-    for g in np.unique(d["group"]):
-        sel = d["group"] == g
-        m.add(str(g), d["X"][sel], d["latency"][sel])
+    for i, part in enumerate([data, *also]):
+        d = _select(part, exclude=exclude)
+        for g in np.unique(d["group"]):
+            sel = d["group"] == g
+            m.add(f"{part['family']}:{g}" if i else str(g), d["X"][sel], d["latency"][sel])
     m.fit()
     return m
 
@@ -243,6 +248,8 @@ def main(argv=None) -> int:
     a.add_argument("data")
     a.add_argument("-o", "--output", required=True)
     a.add_argument("--exclude", action="append", default=[], help="leave this model's rows out (repeatable)")
+    a.add_argument("--also", action="append", default=[], metavar="DATA.npz", help="also train on another "
+                   "family's dataset (repeatable): x86-avx2's model learns from the x86-avx512 records too")
     a.add_argument("--seed", type=int, default=0)
     a = sub.add_parser("train-metaschedule", help="pretrain MetaSchedule's own XGBModel on tuning logs (the "
                        "baseline for comparisons: tune --cost-model metaschedule:FILE)")
@@ -269,12 +276,16 @@ def _run(args) -> int:
               f"models {', '.join(sorted(set(d['model'].tolist())))} ({d['family']})")
     elif args.cmd == "train":
         data = load_dataset(args.data)
-        m = fit(data, exclude=args.exclude, seed=args.seed)
+        also = [load_dataset(p) for p in args.also]
+        m = fit(data, exclude=args.exclude, seed=args.seed, also=also)
         m.save(args.output)
         meta_path = Path(args.output).with_suffix(".meta.json")
         meta = json.loads(meta_path.read_text())
         meta.update(family=str(data["family"]), models=sorted(set(_select(data, args.exclude)["model"].tolist())),
                     excluded=args.exclude)
+        if also:
+            meta["also"] = [{"family": str(d["family"]), "models": sorted(set(_select(d, args.exclude)["model"].tolist()))}
+                            for d in also]
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {args.output}: {m.trained_on} records, {len(m.groups)} kernels ({data['family']})")
     elif args.cmd == "train-metaschedule":

@@ -359,6 +359,11 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     if f.is_file():
         parts.append("### Across ISAs: the x86-avx512 model tuning for x86-avx2: `python bench/pretrain.py "
                      "cost_model/data/x86-avx512.npz --target x86-avx2 ...`\n\n" + f.read_text())
+    f = results_dir / "pretrain-avx2.md"
+    if f.is_file():
+        parts.append("### x86-avx2's own model (AVX2 logs plus the x86-avx512 records) against the x86-avx512 one: "
+                     "`python bench/pretrain.py cost_model/data/x86-avx2.npz --also cost_model/data/x86-avx512.npz "
+                     "--transfer-from cost_model/data/x86-avx512.npz --target x86-avx2 ...`\n\n" + f.read_text())
     for f in sorted(results_dir.glob("winograd-*.md")):
         parts.append("## Winograd convolutions on CPUs: `python bench/winograd.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))

@@ -148,18 +148,31 @@ def test_target_families():
 
 
 def test_a_family_without_a_model_tunes_from_its_nearest_and_predicts_from_none(cli, tiny_model, tmp_path):
-    """x86-avx2 ships no model: tuning starts from the x86-avx512 one (measured ahead of from scratch
-    on a Zen 3) and says so; --predict, which measures nothing, does not take another ISA's model."""
+    """A family without a model of its own (x86-avx2 until 2026-12-02) tunes from its nearest family's
+    and says so; --predict, which measures nothing, does not take another ISA's model. x86-avx2 now
+    ships its own model, which both take."""
+    import shutil
+
     from deploytool.cost_model import pretrain as P
 
     avx2 = targets.load("x86-avx2")
-    assert P.resolve("pretrained", avx2, nearest=True) == P.PRETRAINED_DIR / "x86-avx512.ubj"
-    assert P.resolve("pretrained", avx2) is None
+    assert P.resolve("pretrained", avx2, nearest=True) == P.PRETRAINED_DIR / "x86-avx2.ubj"
+    assert P.resolve("pretrained", avx2) == P.PRETRAINED_DIR / "x86-avx2.ubj"
+    only512 = tmp_path / "models"  # the shipped models as they were before the x86-avx2 one
+    only512.mkdir()
+    for f in ("x86-avx512.ubj", "x86-avx512.meta.json"):
+        shutil.copy(P.PRETRAINED_DIR / f, only512 / f)
+    assert P.pretrained_path(avx2, nearest=True, directory=only512) == only512 / "x86-avx512.ubj"
+    assert P.pretrained_path(avx2, directory=only512) is None
     assert P.resolve("pretrained", targets.load("arm"), nearest=True) is None
-    assert_one_line_error(cli("compile", tiny_model, "--target", "x86-avx2", "--predict", "-o", tmp_path / "p.so"),
-                          "no pretrained cost model for x86-avx2")
+    assert_one_line_error(cli("compile", tiny_model, "--target", "arm", "--predict", "-o", tmp_path / "p.so"),
+                          "no pretrained cost model for aarch64-neon")
     if targets.missing_features(avx2.required_features, avx2.arch):
         pytest.skip("this machine cannot time x86-avx2 kernels")
     r = cli("tune", tiny_model, "--target", "x86-avx2", "-o", tmp_path / "t.jsonl", *TINY)
+    assert r.code == 0, r
+    assert "cost model: x86-avx2.ubj (pretrained, fine-tuned" in r.err, r.err
+    r = cli("tune", tiny_model, "--target", "x86-avx2", "-o", tmp_path / "u.jsonl", *TINY,
+            "--cost-model", only512 / "x86-avx512.ubj")
     assert r.code == 0, r
     assert "cost model: x86-avx512.ubj (pretrained on x86-avx512 logs, this target is x86-avx2" in r.err, r.err
