@@ -57,7 +57,8 @@ def family_of(target) -> str:
 # SqueezeNet and tuning it for x86-avx2 on a Zen 3 stood ahead of learning from scratch at every
 # budget up to 16 trials per kernel (3 seeds; 2.5-3.4x fewer trials to the from-scratch run's
 # 458-trial level on two; bench/results/pretrain-transfer-avx2.md), though far from what it does on
-# its own ISA. Only for tuning, which measures and fine-tunes: never for --predict.
+# its own ISA. Only for tuning, which measures and fine-tunes: never for --predict. x86-avx2 ships its
+# own model since 2026-12-02 (0.93x the x86-avx512 one's estimate there: bench/results/pretrain-avx2.md).
 NEAREST_FAMILY = {"x86-avx2": "x86-avx512"}
 
 
