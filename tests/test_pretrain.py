@@ -55,6 +55,14 @@ def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
     ev = json.loads(_pretrain("eval", model, data).stdout)
     # on its own training rows the model must rank far better than chance
     assert ev["pairwise_accuracy"] > 0.7 and ev["kernels"] >= 10
+    # --also: another dataset's kernels join as kernels of their own (here the same rows again, so
+    # every kernel twice: labels must never rank one machine's candidates against another's)
+    both = model.with_name("both.ubj")
+    r = _pretrain("train", data, "--also", data, "-o", both)
+    assert r.returncode == 0, r.stderr
+    meta2 = json.loads(both.with_suffix(".meta.json").read_text())
+    assert meta2["trained_on"] == 2 * n and meta2["groups"] == 2 * meta["groups"], meta2
+    assert meta2["also"] == [{"family": "x86-avx512", "models": ["squeezenet1.0"]}]
 
 
 def test_tune_starts_from_a_pretrained_model(cli, tiny_model, tmp_path, pretrained):
