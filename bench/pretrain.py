@@ -254,18 +254,16 @@ def main() -> int:
     from deploytool.tuninglog import TuningLog
 
     data = P.load_dataset(args.data)
-    models = sorted(set(data["model"].tolist()))
-    res = {"dataset": {"records": int(len(data["latency"])), "kernels": int(len(np.unique(data["group"]))),
-                       "models": models, "family": str(data["family"])}, "offline": [], "online": [], "predict": []}
+    res = {"dataset": {**P.describe(data), "kernels": int(len(np.unique(data["group"])))},
+           "offline": [], "online": [], "predict": []}
+    models = res["dataset"]["models"]
     tmp = Path(tempfile.mkdtemp(prefix="pretrain-"))
     other = P.load_dataset(args.transfer_from) if args.transfer_from else None
     also = [P.load_dataset(p) for p in args.also]
     if also:
-        res["dataset"]["also"] = [{"records": int(len(d["latency"])), "family": str(d["family"]),
-                                   "models": sorted(set(d["model"].tolist()))} for d in also]
+        res["dataset"]["also"] = [P.describe(d) for d in also]
     if other is not None:
-        res["transfer_from"] = {"records": int(len(other["latency"])), "family": str(other["family"]),
-                                "models": sorted(set(other["model"].tolist()))}
+        res["transfer_from"] = P.describe(other)
     loo, loo_other = {}, {}
     needed = {x for x in (args.online + "," + (args.predict_models or "")).split(",") if x}
     for m in needed:  # a held-out model must not be in under another name (a log named after its file)

@@ -158,6 +158,12 @@ def _select(data: dict, exclude=(), only=()) -> dict:
     return {k: (v[m] if np.ndim(v) and len(v) == len(m) else v) for k, v in data.items()}
 
 
+def describe(data: dict, exclude=()) -> dict:
+    """A dataset in brief (less the excluded models): family, models, records."""
+    d = _select(data, exclude=exclude)
+    return {"family": str(d["family"]), "models": sorted(set(d["model"].tolist())), "records": int(len(d["latency"]))}
+
+
 def fit(data: dict, exclude=(), seed: int = 0, nthread: int | None = None, also=()):
     """An XGBCostModel trained on every workload of ``data`` (less the excluded models), and of the
     ``also`` datasets (another family's records: labels stay within one family's kernel, since a
@@ -282,11 +288,10 @@ def _run(args) -> int:
         m.save(args.output)
         meta_path = Path(args.output).with_suffix(".meta.json")
         meta = json.loads(meta_path.read_text())
-        meta.update(family=str(data["family"]), models=sorted(set(_select(data, args.exclude)["model"].tolist())),
-                    excluded=args.exclude)
+        mine = describe(data, args.exclude)
+        meta.update(family=mine["family"], models=mine["models"], excluded=args.exclude)
         if also:
-            meta["also"] = [{"family": str(d["family"]), "models": sorted(set(_select(d, args.exclude)["model"].tolist()))}
-                            for d in also]
+            meta["also"] = [{k: v for k, v in describe(d, args.exclude).items() if k != "records"} for d in also]
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {args.output}: {m.trained_on} records, {len(m.groups)} kernels ({data['family']})")
     elif args.cmd == "train-metaschedule":
