@@ -138,6 +138,54 @@ def _per_channel_scale_model(path):
     return path
 
 
+@pytest.mark.fast
+def test_index_arithmetic_folded_in_numpy_is_tvms_bit_for_bit():
+    """The index arithmetic around Gather/Shape/Concat (shape_to_tensor of a static shape, integer
+    ops that wrap around, comparisons, where, take in each mode, concat, integer casts) folds in
+    numpy to the constants TVM's FoldConstant builds and runs one LLVM module each for."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    from deploytool import const_fold
+
+    def c(v, dtype):
+        return relax.const(np.array(v, dtype=dtype), dtype)
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([2, 3, 5], "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.shape_to_tensor(bb.emit(relax.op.shape_of(x))))
+            i = c(-1, "int64")
+            norm = bb.emit(relax.op.where(relax.op.less(i, c(0, "int64")), relax.op.add(i, c(3, "int64")), i))
+            outs = [
+                relax.op.take(s, norm, axis=0, mode="fast"),
+                relax.op.take(s, c([-4, 1, 7], "int64"), axis=0, mode="wrap"),
+                relax.op.take(s, c([-4, 1, 7], "int64"), axis=0, mode="clip"),
+                relax.op.concat([s, c([-1], "int64")], axis=0),
+                relax.op.multiply(c([2**31 - 1, -7], "int32"), c([3, 5], "int32")),  # wraps
+                relax.op.subtract(c([0, 200], "uint8"), c([1, 100], "uint8")),
+                relax.op.maximum(c([[1], [-2]], "int16"), c([0, 3, -9], "int16")),  # broadcasts
+                relax.op.astype(c([2**40 + 5, -1], "int64"), "int32"),
+                relax.op.astype(c([2**53 + 1, -3], "int64"), "float32"),
+                relax.op.astype(c([True, False], "bool"), "int8"),
+                relax.op.equal(c([np.nan, 1.0, -0.0], "float32"), c([np.nan, 1.0, 0.0], "float32")),
+                relax.op.greater_equal(c([3, -3], "int64"), c([3, 3], "int64")),
+            ]
+            out = bb.emit_output(relax.Tuple([bb.emit(o) for o in outs]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    folded = relax.transform.FoldConstant()
+    theirs = folded(mod)
+    ours = const_fold.fold_pass()(mod)
+    bindings = ours["main"].body.blocks[0].bindings
+    consts = [b.value for b in bindings[1:-1]]  # after the shape_of, before the output tuple
+    assert all(isinstance(v, tvm.ir.GenericConst) for v in consts), [type(v).__name__ for v in consts]
+    tvm.ir.assert_structural_equal(folded(ours), theirs)   # compares the constants' bytes too
+    values = [v.value.numpy().tolist() for v in consts[-len(outs):]]
+    assert values[:5] == [5, [5, 3, 3], [2, 3, 5], [2, 3, 5, -1], [2**31 - 3, -35]], values
+
 @pytest.mark.models
 def test_per_channel_constants_keep_the_graph_in_one_layout(tmp_path):
     """A (C,1,1) scale next to NCHW activations once made TVM's layout inference give up on the
