@@ -39,12 +39,45 @@ class CaseResult:
     seconds: float = 0.0
 
 
-def _cases():
+def _generate():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from onnx.backend.test.loader import load_model_tests
 
         return {c.name: c for c in load_model_tests(kind="node")}
+
+
+def _cases():
+    """The node cases by name. onnx generates them by running its reference implementations (12 s
+    in every process that asks: each pool worker, each pytest worker): they are generated once per
+    onnx and numpy version and kept in the cache (10 MB; DEPLOYTOOL_CACHE, ~/.cache/deploytool)."""
+    import pickle
+
+    import numpy as np
+    import onnx
+    from onnx.backend.test.case.test_case import TestCase
+
+    from deploytool.emulator import cache_root
+
+    path = cache_root() / "conformance" / f"node-cases-onnx{onnx.__version__}-numpy{np.__version__}.pkl"
+    try:
+        stored = pickle.loads(path.read_bytes())
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError):
+        stored = None
+    if stored is None:
+        cases = _generate()
+        stored = {n: (c.model_name, c.model.SerializeToString(), c.data_sets, c.kind, c.rtol, c.atol)
+                  for n, c in cases.items()}
+        try:  # write then rename: concurrent shards never read half a file
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(pickle.dumps(stored, protocol=pickle.HIGHEST_PROTOCOL))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+        return cases
+    return {n: TestCase(n, model_name, None, None, onnx.load_model_from_string(model), data_sets, kind, rtol, atol)
+            for n, (model_name, model, data_sets, kind, rtol, atol) in stored.items()}
 
 
 def _ops(model) -> list[str]:
