@@ -202,6 +202,104 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
                     trials_per_task=trials_per_task, peak_gflops=round(peak, 1), peak=peak_how)
 
 
+def cpu_label(cpuinfo: str | None = None) -> str:
+    """A short name of this machine's CPU generation for file names: zen3, zen4, zen5, or
+    intel-FAMILY-MODEL / the architecture where it is not known."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return platform.machine()
+    fields = {}
+    for line in cpuinfo.splitlines():
+        k, _, v = line.partition(":")
+        fields.setdefault(k.strip(), v.strip())
+    try:
+        family, model = int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return platform.machine()
+    if fields.get("vendor_id") == "AuthenticAMD":
+        if family == 25:  # Zen 3: 0x00-0x0f, 0x20-0x2f, 0x40-0x5f; the rest Zen 4
+            return "zen3" if model < 0x10 or 0x20 <= model < 0x30 or 0x40 <= model < 0x60 else "zen4"
+        return {23: "zen2", 26: "zen5"}.get(family, f"amd-{family}-{model}")
+    return f"intel-{family}-{model}" if fields.get("vendor_id") == "GenuineIntel" else platform.machine()
+
+
+def shipped_logs(log_dir: Path, target: str) -> dict[str, Path]:
+    """The corpus models that ``log_dir`` holds a log for, for ``target``: corpus name -> log
+    (a log is named MODEL-TARGET.jsonl[.gz]; squeezenet1.0's is the corpus' squeezenet)."""
+    corpus = [e["name"] for e in load_manifest()["models"]]
+    out = {}
+    for log in sorted(log_dir.glob(f"*-{target}.jsonl*")):
+        stem = log.name.split(f"-{target}.jsonl")[0]
+        # a version suffix is the same model; a batch or dtype (resnet50-b1-float16) is another build
+        name = stem if stem in corpus else next((c for c in corpus if stem.startswith(c)
+                                                 and not stem[len(c):].startswith("-")), None)
+        if name is not None and log.name.endswith((".jsonl", ".jsonl.gz")):
+            out[name] = log
+    return out
+
+
+def run_shipped(target: str, log_dir: Path, cache: Path, out_dir: Path, names: list[str] | None = None,
+                rounds: int = 5, repeats: int = 20, threads: int | None = None, progress=print) -> dict[str, Any]:
+    """Build each corpus model from its shipped log for ``target`` (``--require-tuned``, no
+    tuning), check it against onnxruntime and time both engines in alternating rounds."""
+    from deploytool.targets import load, physical_cores
+
+    threads = threads or physical_cores()
+    tgt = load(target)
+    logs = shipped_logs(log_dir, target)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    def cli(*args: str, what: str) -> subprocess.CompletedProcess:
+        r = subprocess.run([sys.executable, "-m", "deploytool", *args], capture_output=True, text=True)
+        if r.returncode and what:
+            raise DeploytoolError(f"{what}: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300])
+        return r
+
+    def one(entry, path):
+        log = logs[entry["name"]]
+        so = out_dir / f"{entry['name']}-{target}-shipped.so"
+        t0 = time.perf_counter()
+        cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
+            "-o", str(so), what="compile")
+        row: dict[str, Any] = {"log": log.name, "compile_s": round(time.perf_counter() - t0, 1)}
+        meta = json.loads(cli("metadata", str(so), what="metadata").stdout)
+        row["kernels"] = len(meta.get("kernel_table") or [])
+        chk = cli("run", str(so), "--check", str(path), "--threads", str(threads), what="")
+        row["check"] = "pass" if chk.returncode == 0 else "FAIL"
+        b = json.loads(cli("bench", str(so), "--compare", str(path), "--json", "--threads", str(threads),
+                           "--repeats", str(repeats), "--rounds", str(rounds), what="bench").stdout)
+        row.update(deploytool_ms=round(b["deploytool"]["median_ms"], 3),
+                   onnxruntime_ms=round(b["onnxruntime"]["median_ms"], 3), ratio=round(b["ratio"], 3),
+                   round_ratios=[round(x, 3) for x in b["round_ratios"]])
+        return row
+
+    chosen = [n for n in logs if not names or n in names]
+    res = _summary("shipped", tgt, threads, _over_corpus(chosen, cache, one, progress), rounds=rounds)
+    res["host"]["family"] = cpu_label()
+    return res
+
+
+def markdown_shipped(result: dict[str, Any]) -> str:
+    lines = [f"Every model built from its log in tuning_logs/ (`--require-tuned`, no tuning), target "
+             f"`{result['target']}` ({result['mcpu']}), {result['threads']} threads, {result['host']['cpu']} "
+             f"({result['host'].get('family', '?')}), {result['date']}. One `deploytool bench --compare` each: "
+             f"{result['rounds']} rounds alternating onnxruntime and deploytool; the ratio is the median of the "
+             "rounds' ratios.", ""]
+    lines += _table(result, [("model", "l", lambda r: r["model"]), ("log", "l", lambda r: r["log"]),
+                             ("kernels", "r", lambda r: str(r["kernels"])),
+                             ("compile s", "r", lambda r: str(r["compile_s"])),
+                             ("check", "l", lambda r: r["check"]),
+                             ("deploytool ms", "r", lambda r: str(r["deploytool_ms"])),
+                             ("onnxruntime ms", "r", lambda r: str(r["onnxruntime_ms"])),
+                             ("ratio", "r", lambda r: f"{r['ratio']:.2f}x"),
+                             ("rounds", "l", lambda r: ", ".join(f"{x:.2f}" for x in r["round_ratios"]))])
+    lines.append("")
+    lines += [f"- {n}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
 def markdown_tuned(result: dict[str, Any]) -> str:
     def heavy(r):
         return "; ".join(f"{h['gflops']} ({100 * h['gflops'] / result['peak_gflops']:.0f}%, {h['share_pct']}%)"
@@ -301,15 +399,26 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     parts = ["# Benchmarks\n", "Made by the scripts in `bench/`; raw numbers in `bench/results/`. Ratios are "
              "deploytool median / onnxruntime median (below 1: deploytool faster), both timed in one run with the "
              "same inputs and threads, onnxruntime first.\n"]
-    for name, title, fmt in (("untuned-x86.json", "Untuned (default schedules): `python bench/untuned.py`", markdown),
-                             ("tuned-x86-avx512.json", "Tuned: `python bench/tuned.py`", markdown_tuned)):
-        f = results_dir / name
-        if f.is_file():
-            parts.append(f"## {title}\n\n" + fmt(json.loads(f.read_text())))
-    for f in sorted(results_dir.glob("tuned-x86-avx512-*.json")):  # bench/tuned.py --label LABEL
-        label = f.stem[len("tuned-x86-avx512-"):]
-        parts.append(f"### Tuned, budget '{label}': `python bench/tuned.py --label {label}`\n\n"
-                     + markdown_tuned(json.loads(f.read_text())))
+    f = results_dir / "untuned-x86.json"
+    if f.is_file():
+        parts.append("## Untuned (default schedules): `python bench/untuned.py`\n\n" + markdown(json.loads(f.read_text())))
+    # bench/tuned.py [--target T] [--label LABEL]: the x86-avx512 run first
+    tuned = sorted(results_dir.glob("tuned-*.json"), key=lambda f: (not f.stem.startswith("tuned-x86-avx512"), f.stem))
+    for i, f in enumerate(tuned):
+        res = json.loads(f.read_text())
+        label = f.stem[len(f"tuned-{res['target']}"):].lstrip("-")
+        cmd = "python bench/tuned.py" + (f" --target {res['target']}" if res["target"] != "x86-avx512" else "") \
+            + (f" --label {label}" if label else "")
+        title = "## Tuned" if i == 0 else f"### Tuned, {res['target']}" + (f", budget '{label}'" if label else "")
+        parts.append(f"{title}: `{cmd}`\n\n" + markdown_tuned(res))
+    # bench/shipped.py --target T: the shipped logs replayed on a machine (a .md: a hand-made section)
+    for f in sorted(results_dir.glob("shipped-*")):
+        if f.suffix == ".json":
+            res = json.loads(f.read_text())
+            parts.append(f"### The shipped {res['target']} logs on a {res['host'].get('family', '?')}: "
+                         f"`python bench/shipped.py --target {res['target']}`\n\n" + markdown_shipped(res))
+        elif f.suffix == ".md":
+            parts.append(f.read_text())
     f = results_dir / "gpu.json"
     if f.is_file():
         parts.append("## NVIDIA GPU: `python bench/gpu.py` (on the GPU machine)\n\n" + markdown_gpu(json.loads(f.read_text())))
