@@ -28,9 +28,9 @@ class Group:
 def context(mod, target):
     from tvm.s_tir import meta_schedule as ms
 
-    from deploytool.schedules.space import without_tensor_intrinsics
+    from deploytool.schedules.space import tensor_intrinsics
 
-    with without_tensor_intrinsics(target):
+    with tensor_intrinsics(target):
         return ms.TuneContext(mod=mod, target=target.tvm_target(), task_name="dataset", num_threads=1)
 
 

@@ -50,7 +50,7 @@ def _candidates(wmod, target, samples: int, seed: int):
 
     from deploytool.schedules import space
 
-    with space.without_tensor_intrinsics(target):
+    with space.tensor_intrinsics(target):
         ctx = ms.TuneContext(mod=wmod, target=target.tvm_target(), space_generator=space.space_generator(target, True),
                              task_name="predict", rand_state=seed or 1, num_threads=1)
     post = list(ctx.space_generator.postprocs)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
-from deploytool.schedules.space import kernel_hash, replay_trace, without_tensor_intrinsics, workload_module
+from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, workload_module
 from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
                                   this_boot, timed_name, to_py)
 
@@ -355,7 +355,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         fe = F.extractor()
 
         def make_context(st: TaskState, i: int, with_default: bool = True):
-            with without_tensor_intrinsics(target):
+            with tensor_intrinsics(target):
                 return ms.TuneContext(mod=wmods[st.workload], target=tvm_target,
                                       space_generator=space.space_generator(target, with_default),
                                       search_strategy=space.search_strategy(cfg, per_task), task_name=st.name,

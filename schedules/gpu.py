@@ -205,6 +205,10 @@ def schedule_sch(func, tvm_target):
     """(Schedule, rule name) of the first dlight rule that schedules ``func``; (None, "none")."""
     from tvm import s_tir
 
+    from deploytool.schedules.space import import_tensor_intrinsics
+
+    if any(str(getattr(p, "dtype", "")) in ("float16", "int8") for p in func.params):
+        import_tensor_intrinsics()  # dlight's tensor-core rules import them, 6x slower
     for rule in rules():
         try:
             with tvm_target:

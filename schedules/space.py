@@ -23,6 +23,7 @@ This module knows nothing of logs, the cost model or the CLI.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 import types
 from dataclasses import dataclass
@@ -143,26 +144,67 @@ def replay_trace(wmod, trace_json):
     from tvm import s_tir
 
     if '"Tensorize"' in json.dumps(trace_json):
-        import tvm.s_tir.tensor_intrin  # noqa: F401  (registers the intrinsics tensor-core traces name)
+        import_tensor_intrinsics()  # registers the intrinsics tensor-core traces name
     sch = s_tir.Schedule(wmod)
     s_tir.Trace.apply_json_to_schedule(trace_json, sch)
     return sch
 
 
-@contextlib.contextmanager
-def without_tensor_intrinsics(target):
-    """MetaSchedule's TuneContext imports every tensor intrinsic TVM has (17 s on the 2-core
-    machine, nearly all of it CUDA's). CPU spaces use none, so the import is stubbed while
-    contexts are made, then restored, so that a later real import still works."""
+def _stack_without_far_context(context=1):
+    """inspect.stack(), with source lines read for the 3 innermost frames only (the rest get none)."""
+    frame = sys._getframe(1)
+    out = []
+    while frame is not None:
+        if len(out) < 3:
+            info = inspect.getframeinfo(frame, context)
+            out.append(inspect.FrameInfo(frame, *info, positions=info.positions))
+        else:
+            out.append(inspect.FrameInfo(frame, frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name,
+                                         None, None, positions=None))
+        frame = frame.f_back
+    return out
+
+
+def import_tensor_intrinsics() -> None:
+    """Import tvm.s_tir.tensor_intrin (registers the WMMA/MMA and CPU dot-product intrinsics that
+    tensor-core rules and traces name), fast. Its 496 TVMScript functions each call inspect.stack(),
+    which reads the source of every frame's module and scans sys.modules for each: 24.6 s in a
+    process with deploytool, onnx and xgboost loaded on a 2-core Zen 3. TVMScript's parser uses the
+    source lines of the third frame only (is_defined_in_class) and the frames themselves
+    (closure variables), so while the module imports, inspect.stack reads the 3 innermost: 4.0 s."""
     name = "tvm.s_tir.tensor_intrin"
-    if target.family not in ("x86", "arm") or name in sys.modules:
+    if name in sys.modules and hasattr(sys.modules[name], "cuda"):
+        return
+    if isinstance(sys.modules.get(name), types.ModuleType) and not hasattr(sys.modules[name], "__file__"):
+        sys.modules.pop(name)  # the stub of tensor_intrinsics() (a CPU context being made)
+    full = inspect.stack
+    inspect.stack = _stack_without_far_context
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.stack = full
+
+
+@contextlib.contextmanager
+def tensor_intrinsics(target):
+    """Around the making of MetaSchedule TuneContexts, which import every tensor intrinsic TVM has:
+    CPU spaces use none, so there the import is stubbed (then restored, so that a later real import
+    still works); for other targets the intrinsics are imported first, fast
+    (import_tensor_intrinsics)."""
+    name = "tvm.s_tir.tensor_intrin"
+    if target.family not in ("x86", "arm"):
+        import_tensor_intrinsics()
         yield
         return
-    sys.modules[name] = types.ModuleType(name)
+    if name in sys.modules:
+        yield
+        return
+    stub = sys.modules[name] = types.ModuleType(name)
     try:
         yield
     finally:
-        sys.modules.pop(name, None)
+        if sys.modules.get(name) is stub:
+            sys.modules.pop(name)
 
 
 @dataclass(frozen=True)
@@ -213,7 +255,8 @@ def _cuda_tensor_core_rules(target):
     if cuda_sm(target) < 70:
         return []
     from tvm.s_tir import meta_schedule as ms
-    from tvm.s_tir.tensor_intrin import cuda as intrin  # registers the wmma/mma intrinsics
+    import_tensor_intrinsics()  # registers the wmma/mma intrinsics
+    from tvm.s_tir.tensor_intrin import cuda as intrin
 
     wmma = [intrin.get_wmma_intrin_group("shared.dyn", "shared.dyn", i, o, trans)
             for i, o in _WMMA_TYPES for trans in (False, True)]

@@ -710,7 +710,7 @@ def test_cost_model_feature_cache(tiny_model):
     task = pipeline.tasks(mod)[0]
     wmod = space.workload_module(mod[task.name])
     ctx = context(wmod, tgt)
-    with space.without_tensor_intrinsics(tgt):
+    with space.tensor_intrinsics(tgt):
         sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
                               task_name="t", num_threads=1)
     schs = sctx.generate_design_space()
