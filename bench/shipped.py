@@ -29,6 +29,10 @@ res = benchmark.run_shipped(args.target, root.parent / "tuning_logs", Path(args.
                             repeats=args.repeats, threads=args.threads)
 label = args.label or res["host"]["family"]
 out = root / "results" / f"shipped-{args.target}-{label}.json"
+if out.is_file():  # a --models subset replaces its rows, keeps the others' (and the notes)
+    old = json.loads(out.read_text())
+    res = benchmark.merge_results(old, res)
+    res["notes"] = old.get("notes", [])
 out.write_text(json.dumps(res, indent=2) + "\n")
 benchmark.write_doc(root / "results", root.parent / "docs" / "benchmarks.md")
 print(benchmark.markdown_shipped(res))
