@@ -268,6 +268,8 @@ def run_shipped(target: str, log_dir: Path, cache: Path, out_dir: Path, names: l
         row["kernels"] = len(meta.get("kernel_table") or [])
         chk = cli("run", str(so), "--check", str(path), "--threads", str(threads), what="")
         row["check"] = "pass" if chk.returncode == 0 else "FAIL"
+        if chk.returncode:
+            row["check_error"] = (chk.stderr.strip().splitlines() or ["?"])[-1][:300]
         b = json.loads(cli("bench", str(so), "--compare", str(path), "--json", "--threads", str(threads),
                            "--repeats", str(repeats), "--rounds", str(rounds), what="bench").stdout)
         row.update(deploytool_ms=round(b["deploytool"]["median_ms"], 3),
