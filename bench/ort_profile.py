@@ -33,12 +33,13 @@ for _ in range(args.warmup + args.runs):
     sess.run(None, feed)
 events = json.load(open(sess.end_profiling()))
 times = collections.defaultdict(list)
-flops = {}
+flops, shapes = {}, {}
 for e in events:
     if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
         key = (e["name"][: -len("_kernel_time")], e["args"].get("op_name"))
         times[key].append(e["dur"])
         ins, outs = e["args"].get("input_type_shape", []), e["args"].get("output_type_shape", [])
+        shapes[key] = outs
         if key[1] == "Conv" and len(ins) >= 2 and outs:
             # every weight is used once per output pixel (any layout, NCHWc too: [N, C/8, H, W, 8])
             w, o = next(iter(ins[1].values())), next(iter(outs[0].values()))
@@ -48,7 +49,6 @@ total = sum(r[0] for r in rows)
 print(f"{'node':30} {'op':8} {'ms':>8} {'share':>6} {'GFLOP':>7} {'GFLOP/s':>8}  output")
 for ms, key in rows[: args.top]:
     f = flops.get(key)
-    shape = next((e["args"].get("output_type_shape") for e in events if e.get("name") == key[0] + "_kernel_time"), "")
     print(f"{key[0][:30]:30} {key[1] or '?':8} {ms:8.3f} {100 * ms / total:5.1f}% "
-          + (f"{f / 1e9:7.3f} {f / ms / 1e6:8.0f}" if f else f"{'':7} {'':8}") + f"  {shape}")
+          + (f"{f / 1e9:7.3f} {f / ms / 1e6:8.0f}" if f else f"{'':7} {'':8}") + f"  {shapes[key]}")
 print(f"nodes: {total:.3f} ms in all ({len(rows)} nodes), {args.threads} threads")

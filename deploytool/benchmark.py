@@ -112,21 +112,29 @@ def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str
     return _summary("untuned", tgt, threads, _over_corpus(names, cache, one, progress))
 
 
-def check_and_time(so: Path, path: Path, threads: int, repeats: int) -> dict[str, Any]:
-    """Check an artifact against onnxruntime, then time both (fresh processes, onnxruntime first)."""
+def _cli(*args: str, what: str = "") -> subprocess.CompletedProcess:
+    """Run ``deploytool ARGS`` in a fresh process; with ``what``, a failure raises its last error
+    line, named ``what``."""
+    r = subprocess.run([sys.executable, "-m", "deploytool", *args], capture_output=True, text=True)
+    if r.returncode and what:
+        raise DeploytoolError(f"{what}: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300])
+    return r
+
+
+def check_and_time(so: Path, path: Path, threads: int, repeats: int, rounds: int | None = None) -> dict[str, Any]:
+    """Check an artifact against onnxruntime, then time both (fresh processes, onnxruntime first;
+    ``rounds``: that many alternating rounds, their ratios kept)."""
     row: dict[str, Any] = {}
-    chk = subprocess.run([sys.executable, "-m", "deploytool", "run", str(so), "--check", str(path),
-                          "--threads", str(threads)], capture_output=True, text=True)
+    chk = _cli("run", str(so), "--check", str(path), "--threads", str(threads))
     row["check"] = "pass" if chk.returncode == 0 else "FAIL"
     if chk.returncode:
-        row["check_error"] = chk.stderr.strip().splitlines()[-1][:300]
-    b = subprocess.run([sys.executable, "-m", "deploytool", "bench", str(so), "--compare", str(path), "--json",
-                        "--threads", str(threads), "--repeats", str(repeats)], capture_output=True, text=True)
-    if b.returncode:
-        raise DeploytoolError(b.stderr.strip().splitlines()[-1][:300])
-    j = json.loads(b.stdout)
+        row["check_error"] = (chk.stderr.strip().splitlines() or ["?"])[-1][:300]
+    j = json.loads(_cli("bench", str(so), "--compare", str(path), "--json", "--threads", str(threads),
+                        "--repeats", str(repeats), *(["--rounds", str(rounds)] if rounds else []), what="bench").stdout)
     row.update(deploytool_ms=round(j["deploytool"]["median_ms"], 3),
                onnxruntime_ms=round(j["onnxruntime"]["median_ms"], 3), ratio=round(j["ratio"], 3))
+    if rounds:
+        row["round_ratios"] = [round(x, 3) for x in j["round_ratios"]]
     return row
 
 
@@ -173,17 +181,11 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
     peak, peak_how = nominal_peak_gflops(threads, clock_ghz)
     tgt = load(target)
 
-    def deploytool_cli(*args: str, what: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "deploytool", *args], capture_output=True, text=True)
-        if r.returncode:
-            raise DeploytoolError(f"{what}: " + r.stderr.strip().splitlines()[-1][:300])
-        return r.stdout
-
     def one(entry, path):
         log = log_dir / f"{entry['name']}-{target}.jsonl"
         t0 = time.perf_counter()
-        summary = json.loads(deploytool_cli("tune", str(path), "--target", target, "-o", str(log), "--trials-per-task",
-                                            str(trials_per_task), "--json", "-q", what="tune"))
+        summary = json.loads(_cli("tune", str(path), "--target", target, "-o", str(log), "--trials-per-task",
+                                  str(trials_per_task), "--json", "-q", what="tune").stdout)
         heavy = sorted(summary["tasks"], key=lambda t: -(t["best_s"] or 0) * t["calls"])[:3]
         row = {"tune_s": round(time.perf_counter() - t0, 1),
                "tune_seconds": {k: round(v, 1) for k, v in summary["seconds"].items()},
@@ -193,8 +195,8 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
                           "share_pct": round(100 * t["best_s"] * t["calls"] / summary["est_tuned_s"], 1)}
                          for t in heavy if t["best_s"]]}
         so = out_dir / f"{entry['name']}-{target}-tuned.so"
-        deploytool_cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
-                       "-o", str(so), what="compile")
+        _cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
+             "-o", str(so), what="compile")
         row.update(check_and_time(so, path, threads, repeats))
         return row
 
@@ -251,30 +253,16 @@ def run_shipped(target: str, log_dir: Path, cache: Path, out_dir: Path, names: l
     logs = shipped_logs(log_dir, target)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    def cli(*args: str, what: str) -> subprocess.CompletedProcess:
-        r = subprocess.run([sys.executable, "-m", "deploytool", *args], capture_output=True, text=True)
-        if r.returncode and what:
-            raise DeploytoolError(f"{what}: " + (r.stderr.strip().splitlines() or ["?"])[-1][:300])
-        return r
-
     def one(entry, path):
         log = logs[entry["name"]]
         so = out_dir / f"{entry['name']}-{target}-shipped.so"
         t0 = time.perf_counter()
-        cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
-            "-o", str(so), what="compile")
+        _cli("compile", str(path), "--target", target, "--tuning-log", str(log), "--require-tuned", "-q",
+             "-o", str(so), what="compile")
         row: dict[str, Any] = {"log": log.name, "compile_s": round(time.perf_counter() - t0, 1)}
-        meta = json.loads(cli("metadata", str(so), what="metadata").stdout)
+        meta = json.loads(_cli("metadata", str(so), what="metadata").stdout)
         row["kernels"] = len(meta.get("kernel_table") or [])
-        chk = cli("run", str(so), "--check", str(path), "--threads", str(threads), what="")
-        row["check"] = "pass" if chk.returncode == 0 else "FAIL"
-        if chk.returncode:
-            row["check_error"] = (chk.stderr.strip().splitlines() or ["?"])[-1][:300]
-        b = json.loads(cli("bench", str(so), "--compare", str(path), "--json", "--threads", str(threads),
-                           "--repeats", str(repeats), "--rounds", str(rounds), what="bench").stdout)
-        row.update(deploytool_ms=round(b["deploytool"]["median_ms"], 3),
-                   onnxruntime_ms=round(b["onnxruntime"]["median_ms"], 3), ratio=round(b["ratio"], 3),
-                   round_ratios=[round(x, 3) for x in b["round_ratios"]])
+        row.update(check_and_time(so, path, threads, repeats, rounds=rounds))
         return row
 
     chosen = [n for n in logs if not names or n in names]
