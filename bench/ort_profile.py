@@ -8,6 +8,8 @@ back."""
 import argparse
 import collections
 import json
+import os
+import sys
 import tempfile
 
 import numpy as np
@@ -20,6 +22,9 @@ p.add_argument("--runs", type=int, default=20)
 p.add_argument("--warmup", type=int, default=5)
 p.add_argument("--top", type=int, default=15)
 args = p.parse_args()
+if not os.path.isfile(args.model):
+    print(f"bench/ort_profile.py: error: no model at {args.model}: pass the path of an .onnx file", file=sys.stderr)
+    sys.exit(2)
 
 so = ort.SessionOptions()
 so.enable_profiling = True

@@ -8,9 +8,11 @@ e.g. zen3) and the section of docs/benchmarks.md."""
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from deploytool import benchmark
+from deploytool.errors import DeploytoolError
 
 p = argparse.ArgumentParser()
 p.add_argument("--target", default="x86-avx2")
@@ -23,10 +25,18 @@ p.add_argument("--cache", default=str(Path.home() / ".cache" / "deploytool" / "c
 args = p.parse_args()
 
 root = Path(__file__).resolve().parent
-res = benchmark.run_shipped(args.target, root.parent / "tuning_logs", Path(args.cache),
-                            Path(args.cache).parent / "artifacts",
-                            names=args.models.split(",") if args.models else None, rounds=args.rounds,
-                            repeats=args.repeats, threads=args.threads)
+names = args.models.split(",") if args.models else None
+try:
+    logs = benchmark.shipped_logs(root.parent / "tuning_logs", args.target)
+    if not logs or (names and not set(names) & set(logs)):
+        raise DeploytoolError(f"tuning_logs/ has no {args.target} log" + (f" for {args.models}" if names else ""),
+                              f"pick a target and models it has logs for ({', '.join(sorted(logs)) or 'none here'})")
+    res = benchmark.run_shipped(args.target, root.parent / "tuning_logs", Path(args.cache),
+                                Path(args.cache).parent / "artifacts", names=names, rounds=args.rounds,
+                                repeats=args.repeats, threads=args.threads)
+except DeploytoolError as e:
+    print(f"bench/shipped.py: error: {e}", file=sys.stderr)
+    sys.exit(e.exit_code)
 label = args.label or res["host"]["family"]
 out = root / "results" / f"shipped-{args.target}-{label}.json"
 if out.is_file():  # a --models subset replaces its rows, keeps the others' (and the notes)
