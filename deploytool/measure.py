@@ -345,6 +345,7 @@ class LocalMeasurer:
 
     def measure(self, mods: list, args: list) -> list[Outcome]:
         """Build and time kernels; ``args[i]`` are kernel i's (shape, dtype) pairs."""
+        mods, args = _without_prepack(mods, args)
         built = self.build(mods)
         paths = [b for b in built if isinstance(b, str)]
         timed = iter(self.run(paths, [a for a, b in zip(args, built) if isinstance(b, str)]))
@@ -360,6 +361,26 @@ class LocalMeasurer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _without_prepack(mods: list, args: list) -> tuple[list, list]:
+    """Kernels as they run in a model: a kernel whose schedule packs its weights (a stage marked
+    schedules.cpu.PREPACK) gets them packed at compile time (pipeline.prepack_weights), so it is
+    measured without that stage, on random weights in the packed layout (MetaSchedule does the
+    same: ArgInfo.from_entry_func with remove_preproc)."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    strip = tvm.s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)
+    out_mods, out_args = [], []
+    for mod, a in zip(mods, args):
+        m = strip(mod)
+        b = [([int(x) for x in i.shape], str(i.dtype)) for i in ms.arg_info.ArgInfo.from_prim_func(m["main"])]
+        if [list(s) for s, _ in b] != [list(s) for s, _ in a]:
+            mod, a = m, b
+        out_mods.append(mod)
+        out_args.append(a)
+    return out_mods, out_args
 
 
 # --------------------------------------------------------------------------- measuring on boards

@@ -412,6 +412,112 @@ def schedule(mod, target: Target, report: dict | None = None, tuning_log=None, r
     return schedules.apply_defaults(mod, target, report)
 
 
+def prepack_weights(mod):
+    """Move the weight-packing stages that schedules put in kernels (blocks marked
+    ``schedules.cpu.PREPACK``: weights laid out as the kernel reads them, see
+    ``cpu.layout_free_params``) out of them, and run them now on constant weights.
+
+    TVM's SplitLayoutRewritePreproc splits each such kernel into ``<name>_weight_prepack`` (the
+    packing) and ``<name>_prepacked`` (the kernel reading the packed layout), called one after
+    the other. Where the packing reads a constant, it is done here by ``IndexMap.map_tensor`` (in
+    C++, no code generation) and its result becomes the kernel's constant argument; the packing
+    functions left unused are dropped. One that reads anything else (a weight passed at run time)
+    stays in the graph and runs on each call: correct, slower."""
+    import tvm
+    from tvm import relax, tirx
+
+    if not any(isinstance(f, tirx.PrimFunc) and _has_prepack(f) for _, f in mod.functions_items()):
+        return mod
+    mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+    maps = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, tirx.PrimFunc) and gv.name_hint.endswith("_weight_prepack"):
+            maps[gv.name_hint] = _prepack_index_map(func)
+
+    @relax.expr_functor.mutator
+    class Fold(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if call.op.same_as(tvm.ir.Op.get("relax.call_tir")) and maps.get(call.args[0].name_hint) is not None:
+                args = call.args[1].fields
+                w = args[0] if len(args) == 1 else None
+                while isinstance(w, relax.Var) and self.lookup_binding(w) is not None:
+                    w = self.lookup_binding(w)
+                if isinstance(w, tvm.ir.GenericConst):
+                    x = _pack(maps[call.args[0].name_hint], w.value.numpy(), [int(d) for d in call.ty.shape])
+                    return relax.const(x, str(x.dtype))
+            return call
+
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            mod[gv] = Fold().visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def _has_prepack(func) -> bool:
+    import tvm
+
+    from deploytool.schedules.cpu import PREPACK
+
+    try:
+        sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+        return any(PREPACK in sch.get(b).annotations for b in sch.get_child_blocks(sch.get_sblock("root")))
+    except Exception:  # no root block (not a schedulable kernel)
+        return False
+
+
+def _pack(index_map, x, shape):
+    """``x`` moved to ``shape`` by ``index_map``, in numpy: its final indices evaluated for every
+    element at once. (TVM's IndexMap.map_tensor evaluates them element by element: 29 s for
+    YOLOv3-tiny's 8.8 M weights.)"""
+    import numpy as np
+    from tvm import tirx
+
+    env = {v: g for v, g in zip(index_map.initial_indices, np.indices(x.shape, sparse=True))}
+    ops = {tirx.Add: np.add, tirx.Sub: np.subtract, tirx.Mul: np.multiply, tirx.FloorDiv: np.floor_divide,
+           tirx.FloorMod: np.mod}
+
+    def ev(e):
+        for v, g in env.items():
+            if e.same_as(v):
+                return g
+        if isinstance(e, tirx.IntImm):
+            return int(e.value)
+        if isinstance(e, tirx.Cast) and "int" in str(e.ty):
+            return ev(e.value)
+        if type(e) in ops:
+            return ops[type(e)](ev(e.a), ev(e.b))
+        raise NotImplementedError(type(e).__name__)
+
+    try:
+        idx = tuple(np.broadcast_to(ev(e), x.shape) for e in index_map.final_indices)
+    except NotImplementedError:
+        import tvm
+
+        return np.ascontiguousarray(index_map.map_tensor(tvm.runtime.tensor(x)).numpy())
+    out = np.zeros(shape, dtype=x.dtype)
+    out[idx] = x
+    return out
+
+
+def _prepack_index_map(func):
+    """The IndexMap of a packing function made of one block that copies its parameter (read at its
+    own iteration variables) to its output; None for any other form."""
+    import tvm
+    from tvm import tirx
+
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1:
+        return None
+    blk = sch.get(blocks[0])
+    ivs = [iv.var for iv in blk.iter_vars]
+    if len(blk.reads) != 1 or len(blk.writes) != 1 or \
+            any(not r.min.same_as(v) for r, v in zip(blk.reads[0].region, ivs)) or len(blk.reads[0].region) != len(ivs):
+        return None
+    return tirx.IndexMap(ivs, [r.min for r in blk.writes[0].region], None)
+
+
 def _finalize_pipeline(cuda_graph: bool = False):
     """Memory planning and VM lowering. ``cuda_graph``: the kernel launches between statically
     planned buffers are captured into a CUDA graph on the first call and replayed after (TVM's
@@ -445,6 +551,7 @@ def build(mod, target: Target):
 
         cuda.ensure_compiler()
     t = target.tvm_target()
+    mod = prepack_weights(mod)
     # not with cuDNN calls: RewriteCUDAGraph captures extern calls too, so their first call (where
     # cuDNN times its algorithms and workspace memory is allocated) would run under stream capture
     from deploytool import cudnn as _cudnn

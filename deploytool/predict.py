@@ -45,7 +45,6 @@ def _candidates(wmod, target, samples: int, seed: int):
     were ranked badly (README)."""
     import random
 
-    from tvm import s_tir
     from tvm.s_tir import meta_schedule as ms
 
     from deploytool.schedules import space
@@ -56,7 +55,7 @@ def _candidates(wmod, target, samples: int, seed: int):
     post = list(ctx.space_generator.postprocs)
     mutators = list(ctx.space_generator.mutator_probs.items())
     try:
-        default = space.default_schedule_fn(target)(s_tir.Schedule(wmod))
+        default = space.default_candidate(target, wmod)
     except Exception as e:  # no default rule for this kernel
         log.debug("no default schedule: %s", e)
         return ctx, []
@@ -91,14 +90,14 @@ def predict_schedules(mod, target, model_file, samples: int = 64, seed: int = 0,
 
     from deploytool.cost_model import features as F
     from deploytool.cost_model.model import XGBCostModel
-    from deploytool.schedules.space import as_scheduled, unscheduled_kernels, workload_module
+    from deploytool.schedules.space import as_scheduled, tuning_module, unscheduled_kernels
 
     margin = MARGIN if margin is None else margin
     model = XGBCostModel(nthread=None)
     model.start_from(model_file)
     fe = F.extractor()
     for gv, func in unscheduled_kernels(mod):
-        wmod = workload_module(func)
+        wmod = tuning_module(func, target)
         ctx, cands = _candidates(wmod, target, samples, seed)
         if len(cands) < 2:
             continue

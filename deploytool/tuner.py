@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
-from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, workload_module
+from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, tuning_module
 from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
                                   this_boot, timed_name, to_py)
 
@@ -281,7 +281,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
     tag = machine if old is not None and machine != old.device else None  # the file's header names another machine
     wmods = {}
     for st in states:
-        wmods[st.workload] = workload_module(funcs[st.workload])
+        wmods[st.workload] = tuning_module(funcs[st.workload], target)
         writer.workload(Workload(st.workload, st.name, st.flops, st.args, tvm.ir.save_json(funcs[st.workload]),
                                  st.calls))
 
@@ -300,12 +300,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         # ---- 1. the default schedule of every task is the first record to beat; measured again
         # when the default rules changed since the log was written (a new candidate)
         seeded = []
-        fn = space.default_schedule_fn(target)
-        from tvm import s_tir
-
         jobs = []
         for st in states:
-            sch = fn(s_tir.Schedule(wmods[st.workload]))
+            sch = space.default_candidate(target, wmods[st.workload])
             h = kernel_hash(sch.mod)
             if h not in measured:
                 jobs.append((st, sch, h))

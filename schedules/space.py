@@ -13,9 +13,11 @@ For a kernel the space is the union of two generators:
   sm_70+ first tensor-core tiling for float16/int8 products (16x16x16 WMMA fragments through
   dynamic shared memory, or m16n8k8 MMA with a software pipeline), as TVM's "cuda-tensorcore" space.
 
-Postprocessors and mutators follow; ``RewriteLayout`` is left out on purpose: our kernels take
-weights already laid out by the graph passes (HWIO), and a layout-rewriting trace could not be
-replayed without rewriting the graph too.
+Postprocessors and mutators follow. On CPUs the last post-processor is ``RewriteLayout``: a
+kernel's weights (``cpu.layout_free_params``, marked on the module a task tunes, see
+``tuning_module``) are laid out in the order the candidate's loops read them, by a stage that the
+graph runs once at compile time (``pipeline.prepack_weights``); the candidate is measured without
+it. The default schedule goes through it too (``cpu.schedule_func``).
 
 This module knows nothing of logs, the cost model or the CLI.
 """
@@ -32,9 +34,17 @@ from dataclasses import dataclass
 # --------------------------------------------------------------------------- kernels and traces
 def kernel_hash(obj) -> str:
     """16 hex digits of TVM's structural hash: how kernels (workloads) and scheduled candidates
-    are identified in tuning logs and caches."""
+    are identified in tuning logs and caches. The mark of layout-free weights (``tuning_module``)
+    does not count: a candidate hashes the same tuned with it or replayed without it."""
+    import tvm
     import tvm_ffi
 
+    from deploytool.schedules.cpu import LAYOUT_FREE
+
+    if isinstance(obj, tvm.IRModule) and len(obj.functions) == 1:
+        (gv, f), = obj.functions_items()
+        if f.attrs is not None and LAYOUT_FREE in f.attrs:
+            obj = tvm.IRModule({gv.name_hint: f.without_attr(LAYOUT_FREE)})
     return f"{tvm_ffi.structural_hash(obj) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
@@ -43,6 +53,16 @@ def workload_module(func):
     import tvm
 
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+
+
+def tuning_module(func, target):
+    """The module a task tunes: ``workload_module``, on CPUs marked with its layout-free weights,
+    which the RewriteLayout post-processor lays out per candidate."""
+    if target.family in ("x86", "arm"):
+        from deploytool.schedules.cpu import with_layout_free
+
+        func = with_layout_free(func)
+    return workload_module(func)
 
 
 def unscheduled_kernels(mod):
@@ -131,7 +151,9 @@ def inline_is_cheap(sch, block) -> bool:
 def as_scheduled(func, sch):
     """The kernel ``sch`` made of ``func``'s workload module, keeping ``func``'s global symbol, marked
     scheduled."""
-    new = sch.mod["main"].without_attr("global_symbol")
+    from deploytool.schedules.cpu import LAYOUT_FREE
+
+    new = sch.mod["main"].without_attr("global_symbol").without_attr(LAYOUT_FREE)
     if func.attrs is not None and "global_symbol" in func.attrs:
         new = new.with_attr("global_symbol", func.attrs["global_symbol"])
     return new.with_attr("tirx.is_scheduled", True)
@@ -366,6 +388,7 @@ def _cpu_postprocs():
         ms.postproc.DisallowDynamicLoop(),
         ms.postproc.RewriteParallelVectorizeUnroll(),
         ms.postproc.RewriteReductionBlock(),
+        ms.postproc.RewriteLayout(),
     ]
 
 
@@ -405,6 +428,19 @@ def default_schedule_fn(target):
         return sch
 
     return fn
+
+
+def default_candidate(target, wmod):
+    """The default schedule of the task ``wmod`` (``tuning_module``) as the search measures it:
+    on CPUs with its weights laid out by RewriteLayout, as ``cpu.schedule_func`` builds it."""
+    from tvm import s_tir
+
+    sch = default_schedule_fn(target)(s_tir.Schedule(wmod))
+    if target.family in ("x86", "arm"):
+        from deploytool.schedules import cpu
+
+        sch = cpu.rewrite_layout(sch)
+    return sch
 
 
 def space_generator(target, with_default: bool = True):

@@ -418,3 +418,74 @@ def test_odd_channel_counts_are_padded_to_whole_vectors(tmp_path):
     res = deploytool.compile(src, target="x86", output=tmp_path / "odd.so")
     assert sum(t.name.startswith("channel_slice") for t in res.tasks) == 2, [t.name for t in res.tasks]
     assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
+def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
+    """A convolution's and a matmul's constant weights are marked layout-free, an activation is
+    not; RewriteLayout lays them out in the order the default schedule reads them, the packing is
+    done at compile time (no packing function left in the graph, the kernel takes a tiled constant);
+    a weight passed at run time is packed at run time; a candidate is measured alone on packed
+    random weights; the mark does not change a candidate's hash; the numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+    from deploytool.measure import LocalMeasurer, MeasureSettings
+    from deploytool.schedules import space
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.1, shape).astype(np.float32), name) for name, shape in
+             (("w", (256, 32, 3, 3)), ("b", (256,)), ("m", (48, 64)))]
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["y"]),
+             helper.make_node("MatMul", ["p", "m"], ["pm"]),        # a constant weight
+             helper.make_node("MatMul", ["p", "q"], ["pq"])]        # two activations
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "w", [helper.make_tensor_value_info("x", f, [1, 32, 10, 10]),
+                                       helper.make_tensor_value_info("p", f, [4, 16, 48]),
+                                       helper.make_tensor_value_info("q", f, [4, 48, 40])],
+                          [helper.make_tensor_value_info("y", f, [1, 256, 10, 10]),
+                           helper.make_tensor_value_info("pm", f, [4, 16, 64]),
+                           helper.make_tensor_value_info("pq", f, [4, 16, 40])], inits)
+    src = tmp_path / "w.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+
+    target = targets.load("x86")
+    mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, target), target)
+    kernels = {t.name: mod[t.name] for t in pipeline.tasks(mod)}
+    conv = next(n for n in kernels if n.startswith("fused_conv2d"))
+    weight_mm = next(n for n in kernels if "matmul" in n and len(kernels[n].params[1].shape) == 2)
+    act_mm = next(n for n in kernels if "matmul" in n and len(kernels[n].params[1].shape) == 3)
+    assert cpu.layout_free_params(kernels[conv]) == [1]          # (data, weight, bias, out)
+    assert cpu.layout_free_params(kernels[weight_mm]) == [1]
+    assert cpu.layout_free_params(kernels[act_mm]) == []
+
+    f_conv = kernels[conv]
+    assert space.kernel_hash(space.tuning_module(f_conv, target)) == space.kernel_hash(space.workload_module(f_conv))
+    cand = space.default_candidate(target, space.tuning_module(f_conv, target))
+    assert cpu.PREPACK in str(cand.mod)
+    with LocalMeasurer(target, MeasureSettings(), workers=1) as m:
+        args = [([int(x) for x in p.shape], "float32") for p in f_conv.params]
+        out, = m.measure([cand.mod], [args])
+    assert out.error is None and min(out.latency_s) > 0, out
+
+    scheduled = pipeline.prepack_weights(pipeline.schedule(mod, target, {}))
+    names = [gv.name_hint for gv, _ in scheduled.functions_items()]
+    assert not any(n.endswith("_weight_prepack") for n in names), names
+    assert f"{conv}_prepacked" in names and f"{weight_mm}_prepacked" in names, names
+    packed = scheduled[f"{conv}_prepacked"].params[1]
+    shape = [int(x) for x in packed.shape]  # [output-channel tiles][3][3][32][vectors][lanes]
+    assert len(shape) >= 5 and shape[1:4] == [3, 3, 32] and shape[0] * int(np.prod(shape[4:])) == 256, shape
+
+    # the same graph with the matmul's weight passed at run time: packed on each call, still right
+    g.input.append(helper.make_tensor_value_info("m", f, [48, 64]))
+    del g.initializer[2]
+    src2 = tmp_path / "w_input.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src2)
+    mod2 = pipeline.partition(pipeline.optimize(frontend.import_onnx(src2).mod, target), target)
+    text = pipeline.prepack_weights(pipeline.schedule(mod2, target, {}))["main"].script(show_meta=False)
+    assert "_weight_prepack" in text
+    for path in (src, src2):
+        res = deploytool.compile(path, target="x86", output=tmp_path / f"{path.stem}.so")
+        assert deploytool.run(res.artifact.path, check=path).ok
