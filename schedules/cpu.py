@@ -11,7 +11,8 @@ never breaks a build (it stays as legalized: correct, slower).
    loads one weight vector row and broadcasts one input scalar per row into an FMA. The tile
    accumulates in a local buffer that LLVM keeps in registers; padding is inlined; the epilogue
    (bias, residual add, activation) is inlined into the write-back of the tile; outer tiles are
-   fused into one parallel loop.
+   fused into one parallel loop. The weights are then laid out in the order the tile reads them
+   (``rewrite_layout``; see ``layout_free_params``), once, at compile time.
 2. ``row_reduction``: reductions over the trailing axes of rows (softmax, norms, means),
    computed once per row, rows in parallel.
 3. ``injective``: elementwise, transposes and layout changes: inline what can be inlined, fuse
