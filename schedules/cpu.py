@@ -97,9 +97,12 @@ PREPACK = "meta_schedule.layout_rewrite_preproc"
 
 
 def layout_free_params(func) -> list[int]:
-    """Indices of ``func``'s weights: parameters read by one block only, a reduction, through
-    reduction variables and at most one spatial one, the output's innermost (a convolution's HWIO
-    or a matmul's K x N weights; not an activation, indexed by batch or pixel too).
+    """Indices of ``func``'s weights: parameters read by one block only, a reduction of a product
+    (it reads another buffer too), through reduction variables and at most one spatial one, the
+    output's innermost (a convolution's HWIO or a matmul's K x N weights; not an activation, which
+    batch or pixel variables index too, nor the rows a mean or a norm reduces). A 2-D activation
+    multiplied by another would pass: its packing then runs with the model, correct but slower
+    (``pipeline.prepack_weights``).
 
     Their layout is the schedule's to choose. Read as HWIO, the micro-kernel's consecutive
     reduction steps load one tile of output channels each, K * 4 bytes apart: 2 KB for 512
@@ -120,6 +123,9 @@ def layout_free_params(func) -> list[int]:
         if len(readers) != 1 or any(w.source.same_as(p) for b in blocks for w in b.writes):
             continue
         blk = readers[0]
+        if not any(not r.source.same_as(p) and not any(r.source.same_as(w.source) for w in blk.writes)
+                   for r in blk.reads):
+            continue
         kinds = [int(iv.iter_type) for iv in blk.iter_vars]
         spatial = [iv.var for iv, k in zip(blk.iter_vars, kinds) if k == 0]
         reduce = [iv.var for iv, k in zip(blk.iter_vars, kinds) if k == 2]

@@ -436,18 +436,22 @@ def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
 
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array(rng.normal(0, 0.1, shape).astype(np.float32), name) for name, shape in
-             (("w", (256, 32, 3, 3)), ("b", (256,)), ("m", (48, 64)))]
+             (("w", (256, 32, 3, 3)), ("b", (256,)), ("m", (48, 64)))] + \
+        [numpy_helper.from_array(np.array([1], np.int64), "axis")]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
              helper.make_node("Relu", ["c"], ["y"]),
              helper.make_node("MatMul", ["p", "m"], ["pm"]),        # a constant weight
-             helper.make_node("MatMul", ["p", "q"], ["pq"])]        # two activations
+             helper.make_node("MatMul", ["p", "q"], ["pq"]),        # two activations
+             helper.make_node("ReduceSum", ["r", "axis"], ["rs"])]  # rows of an activation reduced
     f = TensorProto.FLOAT
     g = helper.make_graph(nodes, "w", [helper.make_tensor_value_info("x", f, [1, 32, 10, 10]),
                                        helper.make_tensor_value_info("p", f, [4, 16, 48]),
-                                       helper.make_tensor_value_info("q", f, [4, 48, 40])],
+                                       helper.make_tensor_value_info("q", f, [4, 48, 40]),
+                                       helper.make_tensor_value_info("r", f, [16, 48])],
                           [helper.make_tensor_value_info("y", f, [1, 256, 10, 10]),
                            helper.make_tensor_value_info("pm", f, [4, 16, 64]),
-                           helper.make_tensor_value_info("pq", f, [4, 16, 40])], inits)
+                           helper.make_tensor_value_info("pq", f, [4, 16, 40]),
+                           helper.make_tensor_value_info("rs", f, [16, 1])], inits)
     src = tmp_path / "w.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
 
@@ -460,6 +464,8 @@ def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
     assert cpu.layout_free_params(kernels[conv]) == [1]          # (data, weight, bias, out)
     assert cpu.layout_free_params(kernels[weight_mm]) == [1]
     assert cpu.layout_free_params(kernels[act_mm]) == []
+    assert [n for n in kernels if n.startswith("sum")] and \
+        all(cpu.layout_free_params(kernels[n]) == [] for n in kernels if n.startswith("sum"))
 
     f_conv = kernels[conv]
     assert space.kernel_hash(space.tuning_module(f_conv, target)) == space.kernel_hash(space.workload_module(f_conv))
@@ -480,7 +486,7 @@ def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
 
     # the same graph with the matmul's weight passed at run time: packed on each call, still right
     g.input.append(helper.make_tensor_value_info("m", f, [48, 64]))
-    del g.initializer[2]
+    del g.initializer[2]  # "m"
     src2 = tmp_path / "w_input.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src2)
     mod2 = pipeline.partition(pipeline.optimize(frontend.import_onnx(src2).mod, target), target)
