@@ -419,9 +419,9 @@ def prepack_weights(mod):
 
     TVM's SplitLayoutRewritePreproc splits each such kernel into ``<name>_weight_prepack`` (the
     packing) and ``<name>_prepacked`` (the kernel reading the packed layout), called one after
-    the other. Where the packing reads a constant, it is done here by ``IndexMap.map_tensor`` (in
-    C++, no code generation) and its result becomes the kernel's constant argument; the packing
-    functions left unused are dropped. One that reads anything else (a weight passed at run time)
+    the other. Where the packing reads a constant, it is done here, in numpy (``_pack``: no code
+    generation), and its result becomes the kernel's constant argument; the packing functions
+    left unused are dropped. One that reads anything else (a weight passed at run time)
     stays in the graph and runs on each call: correct, slower."""
     import tvm
     from tvm import relax, tirx
