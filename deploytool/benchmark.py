@@ -389,9 +389,12 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     parts = ["# Benchmarks\n", "Made by the scripts in `bench/`; raw numbers in `bench/results/`. Ratios are "
              "deploytool median / onnxruntime median (below 1: deploytool faster), both timed in one run with the "
              "same inputs and threads, onnxruntime first.\n"]
-    f = results_dir / "untuned-x86.json"
-    if f.is_file():
-        parts.append("## Untuned (default schedules): `python bench/untuned.py`\n\n" + markdown(json.loads(f.read_text())))
+    # bench/untuned.py [--target T]: the x86 (this machine's preset) run first
+    for i, f in enumerate(sorted(results_dir.glob("untuned-*.json"), key=lambda f: (f.stem != "untuned-x86", f.stem))):
+        res = json.loads(f.read_text())
+        cmd = "python bench/untuned.py" + (f" --target {res['target']}" if res["target"] != "x86" else "")
+        title = "## Untuned (default schedules)" if i == 0 else f"### Untuned, {res['target']}"
+        parts.append(f"{title}: `{cmd}`\n\n" + markdown(res))
     # bench/tuned.py [--target T] [--label LABEL]: the x86-avx512 run first
     tuned = sorted(results_dir.glob("tuned-*.json"), key=lambda f: (not f.stem.startswith("tuned-x86-avx512"), f.stem))
     for i, f in enumerate(tuned):

@@ -325,8 +325,14 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             st.round_best.append(st.best_s)
             st.curve.append((st.trials, st.best_s))
 
-        budget_total = opts.trials if opts.trials is not None else per_task * len(states)
-        budget_left = max(0, budget_total - sum(st.trials for st in states))
+        # without --trials, each kernel's budget is its own: one tuned past --trials-per-task before
+        # (a longer earlier run) leaves the others theirs (it took them all: a resume of YOLOv3-tiny's
+        # log with --kernels 'fused_conv2d*' --trials-per-task 80 ran 0 trials, three of its 13
+        # convolutions having 208)
+        if opts.trials is not None:
+            budget_left = max(0, opts.trials - sum(st.trials for st in states))
+        else:
+            budget_left = sum(max(0, per_task - st.trials) for st in states)
         for st in states:
             if st.trials >= per_task:
                 st.done = "budget"

@@ -417,6 +417,24 @@ def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, t
     assert r.code == 2 and "--first-round" in r.err
 
 
+def test_a_kernel_tuned_past_the_budget_leaves_the_others_theirs(tiny_model, tmp_path, cli):
+    """--trials-per-task is each kernel's own budget: after the convolution alone was tuned to 8
+    trials, a resume of every kernel at 1 still gives each of the others its trial (the total of 1
+    per kernel, 6, used to count the convolution's 8 and leave none)."""
+    log = tmp_path / "t.jsonl"
+    tune = ("tune", tiny_model, "--target", "x86", "-o", log, "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2")
+    r = cli(*tune, "--trials-per-task", "8", "--kernels", "*conv2d*", "--json")
+    assert r.code == 0, r
+    conv = [t for t in json.loads(r.out)["tasks"] if "conv2d" in t["name"]]
+    assert conv and all(t["trials"] >= 8 for t in conv), conv
+    r = cli(*tune, "--trials-per-task", "1", "--json")
+    assert r.code == 0, r
+    tasks = json.loads(r.out)["tasks"]
+    room = [t for t in tasks if "conv2d" not in t["name"] and not t["done"].startswith("search space measured")]
+    assert room and all(t["new_trials"] == 1 for t in room), tasks
+    assert all(t["new_trials"] == 0 for t in tasks if "conv2d" in t["name"]), tasks
+
+
 def _running_with_search_records(p, log, n: int) -> list:
     """Wait until the tuning process ``p`` has logged ``n`` search records; its worker processes."""
     import psutil
