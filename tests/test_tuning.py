@@ -422,7 +422,7 @@ def test_a_kernel_tuned_past_the_budget_leaves_the_others_theirs(tiny_model, tmp
     trials, a resume of every kernel at 1 still gives each of the others its trial (the total of 1
     per kernel, 6, used to count the convolution's 8 and leave none)."""
     log = tmp_path / "t.jsonl"
-    tune = ("tune", tiny_model, "--target", "x86", "-o", log, "--batch", "4", "--repeat", "2", "--min-repeat-ms", "2")
+    tune = ("tune", tiny_model, "--target", "x86", "-o", log, "--batch", "4", "--repeat", "1", "--min-repeat-ms", "1")
     r = cli(*tune, "--trials-per-task", "8", "--kernels", "*conv2d*", "--json")
     assert r.code == 0, r
     conv = [t for t in json.loads(r.out)["tasks"] if "conv2d" in t["name"]]
