@@ -71,10 +71,11 @@ def schedule_func(func, tvm_target, params: CPUParams, name: str = ""):
     The weights are then laid out as the schedule reads them (``rewrite_layout``), as tuning does."""
     from tvm import s_tir
 
+    marked = with_layout_free(func)
     for rule in RULES:
         try:
             with tvm_target:
-                sch = rule(s_tir.Schedule(with_layout_free(func)), tvm_target, params)
+                sch = rule(s_tir.Schedule(marked), tvm_target, params)
         except Exception as e:  # this rule does not fit this kernel: try the next
             log.debug("rule %s failed on %s: %s", rule.__name__, name, e)
             continue
