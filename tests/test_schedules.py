@@ -461,6 +461,47 @@ def test_odd_channel_counts_are_padded_to_whole_vectors(tmp_path):
 
 
 @pytest.mark.models
+def test_grouped_convolutions_pad_each_group_to_whole_vectors(tmp_path):
+    """ShuffleNet's unit: a 1x1 convolution in 4 groups of 34 output channels (vectors of 2 lanes,
+    before) computes 4 groups of 40 on AVX2 with zero weights, its bias padded group by group, and
+    the slice back fuses into what follows it (the channel shuffle; the residual add and ReLU),
+    not into the convolution; a depthwise convolution is left as it is; the numbers match
+    onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in
+             (("w1", (136, 34, 1, 1)), ("b1", (136,)), ("wd", (136, 1, 3, 3)), ("w2", (136, 34, 1, 1)),
+              ("b2", (136,)))] + [numpy_helper.from_array(np.array(s, np.int64), n) for n, s in
+                                  (("split", [1, 4, 34, 8, 8]), ("flat", [1, 136, 8, 8]))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], group=4),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Reshape", ["r1", "split"], ["s1"]),  # the channel shuffle
+             helper.make_node("Transpose", ["s1"], ["t1"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t1", "flat"], ["sh"]),
+             helper.make_node("Conv", ["sh", "wd"], ["d"], group=136, pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["c2"], group=4),
+             helper.make_node("Add", ["c2", "x"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y"])]
+    g = helper.make_graph(nodes, "shuffle", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 136, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 136, 8, 8])], inits)
+    src = tmp_path / "shuffle.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    text = pipeline.optimize(frontend.import_onnx(src).mod, targets.load("x86-avx2"))["main"].script(show_meta=False)
+    assert text.count('R.Tensor((1, 8, 8, 160), dtype="float32") = R.nn.conv2d') == 2, text
+    assert text.count('R.Tensor((1, 8, 8, 136), dtype="float32") = R.nn.conv2d') == 1, text  # the depthwise one
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "shuffle.so")
+    names = [t.name for t in res.tasks]
+    slices = [n for n in names if "channel_slice" in n]
+    assert len(slices) == 2 and not any("conv2d" in n for n in slices), names
+    assert any("transpose" in n for n in slices) and any("add" in n and "relu" in n for n in slices), names
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
 def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
     """A convolution's and a matmul's constant weights are marked layout-free, an activation is
     not; RewriteLayout lays them out in the order the default schedule reads them, the packing is
