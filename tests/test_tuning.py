@@ -477,7 +477,8 @@ def test_a_stalled_kernel_restarts_its_search_once_then_stops(tmp_path, tiny_mod
     measured twice across the restart."""
     log = tmp_path / "stall.jsonl"
     r = cli("tune", tiny_model, "--target", "x86", "-o", log, "--trials-per-task", "8", "--early-stop", "2",
-            "--batch", "2", "--repeat", "2", "--min-repeat-ms", "2", "--json")
+            "--batch", "2", "--repeat", "2", "--min-repeat-ms", "2", "--kernels", "fused_conv2d*,fused_matmul*,mean,transpose",
+            "--json")
     assert r.code == 0, r
     tasks = json.loads(r.out)["tasks"]
     stalled = [t for t in tasks if t["done"] == "converged"]
@@ -519,7 +520,7 @@ def test_kill9_resumes(tmp_path, tiny_model):
     log = tmp_path / "k.jsonl"
     cmd = [sys.executable, "-m", "deploytool", "tune", str(tiny_model), "--target", "x86", "-o", str(log),
            "--trials-per-task", "8", "--batch", "2", "--early-stop", "0", "--repeat", "2", "--min-repeat-ms", "2",
-           "--json"]
+           "--kernels", "fused_conv2d*,fused_matmul*", "--json"]  # two kernels: the suite's time
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     workers = _running_with_search_records(p, log, 4)
     os.kill(p.pid, signal.SIGKILL)  # the tuner alone: its workers must not outlive it
