@@ -229,6 +229,36 @@ def test_leaky_relu_fuses_into_the_convolution(tmp_path):
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
+def test_a_convolution_without_padding_reads_its_input_in_place(tmp_path):
+    """Legalization gives every convolution a padding stage, a plain copy of the input where it
+    pads nothing (a 1x1): the default schedule reads the input in place (that copy was a pass over
+    MobileNetV2's activations before each of its 1x1 convolutions), and keeps a real padding
+    stage (a 3x3 with padding 1) as its own stage. The numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (32, 16, 1, 1)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.3, (16, 32, 3, 3)).astype(np.float32), "w3")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
+             helper.make_node("Conv", ["c1", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "pads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 14, 14])], inits)
+    src = tmp_path / "pads.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    target = targets.load("x86-avx2")
+    mod = pipeline.schedule(pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, target), target),
+                            target)
+    kernels = {gv.name_hint: f.script() for gv, f in mod.functions.items() if "conv2d" in gv.name_hint}
+    assert len(kernels) == 2, list(kernels)
+    one, three = (kernels[k] for k in sorted(kernels))  # conv2d (the 1x1), conv2d1 (the 3x3)
+    assert "pad_temp" not in one and "pad_temp" in three, (one, three)
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "pads.so")
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
 @pytest.mark.models
 def test_clips_fuse_into_the_convolutions_and_pass_nan_through(tmp_path):
     """Conv -> Clip(0, 6) -> depthwise Conv -> Clip -> HardSwish -> Conv, MobileNet's shapes: each
