@@ -14,7 +14,7 @@ APT_PACKAGES := gcc-aarch64-linux-gnu g++-aarch64-linux-gnu binutils-aarch64-lin
 # CI tier: everything but the long benchmarks. PYTEST_ARGS adds to it (e.g. -m fast).
 PYTEST_ARGS ?=
 
-.PHONY: setup toolchains demo test test-fast bench bench-tuned clean
+.PHONY: setup toolchains demo test test-fast test-slow bench bench-tuned clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,9 @@ test: toolchains setup
 
 test-fast: setup
 	$(PY) -m pytest -m fast $(PYTEST_ARGS)
+
+test-slow: toolchains setup
+	$(PY) -m pytest -n 2 --dist loadgroup -m "slow and not gpu" $(PYTEST_ARGS)
 
 bench: setup
 	$(PY) bench/untuned.py

@@ -239,6 +239,7 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
     assert sum(1 for r in after if r["source"] == "search") >= 16
 
 
+@pytest.mark.slow  # 130-150 s in CI's tier (two emulated boards, ~25 s each to start): CI time; `make test-slow`
 def test_farm_goes_on_when_a_board_dies(tmp_path, tiny_model):
     """Two boards under one key at a tracker: tuning spreads over both; one dies mid-run; its
     candidate is measured again on the other and the run finishes."""
