@@ -209,11 +209,12 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
 
     log = tmp_path / "tiny-arm.jsonl"
     b = emulator.start("arm")
-    args = [tiny_model, "--target", "arm", "--rpc", b.address, "--trials", "24", "--trials-per-task", "24",
+    # 6 kernels: 6 default records, then search; the board dies past the first search batch
+    args = [tiny_model, "--target", "arm", "--rpc", b.address, "--trials", "14", "--trials-per-task", "14",
             "--early-stop", "0", *FEW, "-o", log, "-q"]
     p = _tune_proc(*args)
     try:
-        _wait_records(log, 14, p)
+        _wait_records(log, 10, p)
         b.stop()
         out, err = p.communicate(timeout=120)
     finally:
@@ -224,7 +225,7 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
     lines = [ln for ln in err.splitlines() if ln.startswith("deploytool: error")]
     assert len(lines) == 1 and "lost every board" in lines[0] and "rerun the same command" in lines[0], err
     before = _records(log)
-    assert len(before) >= 14
+    assert len(before) >= 10
     b2 = emulator.start("arm", port=b.port)
     try:
         p = _tune_proc(*args[:-1])
@@ -236,7 +237,8 @@ def test_board_killed_mid_tuning_then_resume(tmp_path, tiny_model):
     assert after[:len(before)] == before  # append-only
     cands = [r["candidate"] for r in after]
     assert len(cands) == len(set(cands)), "a candidate was measured twice"
-    assert sum(1 for r in after if r["source"] == "search") >= 16
+    searched = sum(1 for r in after if r["source"] == "search")
+    assert searched >= 12 and searched > sum(1 for r in before if r["source"] == "search")
 
 
 @pytest.mark.slow  # 130-150 s in CI's tier (two emulated boards, ~25 s each to start): CI time; `make test-slow`

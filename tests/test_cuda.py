@@ -248,7 +248,7 @@ def test_cuda_float16_tensor_core_candidates_build_and_replay(tmp_path):
     spaces = ctx.generate_design_space()
     tc = [s for s in spaces if "meta_schedule.auto_tensorize" in str(s.trace)]
     assert len(tc) >= 2, [str(s.trace)[-300:] for s in spaces]  # WMMA and MMA sketches
-    ctx.pre_tuning(max_trials=8, num_trials_per_iter=8, design_spaces=tc, database=ms.database.MemoryDatabase(),
+    ctx.pre_tuning(max_trials=4, num_trials_per_iter=4, design_spaces=tc, database=ms.database.MemoryDatabase(),
                    cost_model=None)
     cands = ctx.generate_measure_candidates()
     assert cands and all("sch.tensorize(" in str(c.sch.trace) for c in cands)

@@ -40,6 +40,11 @@ def pretrained(tmp_path_factory):
     return data, model
 
 
+# the tests that share the fixture run on one xdist worker, so it is built once (~25 s)
+_PRETRAINED = pytest.mark.xdist_group("pretrained")
+
+
+@_PRETRAINED
 def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
     from deploytool.cost_model import pretrain as P
 
@@ -65,6 +70,7 @@ def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
     assert meta2["also"] == [{"family": "x86-avx512", "models": ["squeezenet1.0"]}]
 
 
+@_PRETRAINED
 def test_tune_starts_from_a_pretrained_model(cli, tiny_model, tmp_path, pretrained):
     _, model = pretrained
     log = tmp_path / "t.jsonl"
@@ -125,6 +131,7 @@ def test_metaschedules_cost_model_pretrained_on_the_same_logs(cli, tiny_model, t
                               f"metaschedule:{tmp_path / 'nope.tar'}"), "no such file")
 
 
+@_PRETRAINED
 def test_predict_compiles_checks_and_refuses_unknown_families(cli, tiny_model, tmp_path, pretrained):
     _, model = pretrained
     so = tmp_path / "p.so"
