@@ -400,7 +400,7 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
     _require(warmup >= 0, "--warmup", warmup, "0 or more warm-up runs")
     _require(rounds >= 1, "--rounds", rounds, "at least 1 round")
     art = Artifact.open(artifact)
-    threads = threads or _targets.physical_cores()
+    threads = threads or _targets.default_threads()
     feed = _inputs_for(art, inputs, seed)
     spec = _device_spec(device)
     if spec is not None:
@@ -471,7 +471,7 @@ def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned
             notes.append(f"'{artifact}' was not built from this log: its 'log ms' is the log's best, not what the "
                          "artifact runs")
     LocalRunner.check_loadable(art)
-    threads = threads or _targets.physical_cores()
+    threads = threads or _targets.default_threads()
     runner = LocalRunner(art, threads=threads)
     feed = _inputs_for(art, inputs, seed)
     sync = runner.device.sync if _on_gpu(art) else None

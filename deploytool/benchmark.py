@@ -96,9 +96,9 @@ def run_untuned(names: list[str] | None, cache: Path, out_dir: Path, target: str
     """Compile every corpus model untuned, check it against onnxruntime, and time both engines
     (each bench in a fresh process, onnxruntime first, same inputs and threads)."""
     import deploytool
-    from deploytool.targets import load, physical_cores
+    from deploytool.targets import default_threads, load
 
-    threads = threads or physical_cores()
+    threads = threads or default_threads()
     tgt = load(target)
 
     def one(entry, path):
@@ -175,9 +175,9 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
               clock_ghz: float | None = None, progress=print) -> dict[str, Any]:
     """Tune every corpus model (resuming its log in ``log_dir``), build from the log, check it
     against onnxruntime and time both engines."""
-    from deploytool.targets import load, physical_cores
+    from deploytool.targets import default_threads, load
 
-    threads = threads or physical_cores()
+    threads = threads or default_threads()
     peak, peak_how = nominal_peak_gflops(threads, clock_ghz)
     tgt = load(target)
 
@@ -246,9 +246,9 @@ def run_shipped(target: str, log_dir: Path, cache: Path, out_dir: Path, names: l
                 rounds: int = 5, repeats: int = 20, threads: int | None = None, progress=print) -> dict[str, Any]:
     """Build each corpus model from its shipped log for ``target`` (``--require-tuned``, no
     tuning), check it against onnxruntime and time both engines in alternating rounds."""
-    from deploytool.targets import load, physical_cores
+    from deploytool.targets import default_threads, load
 
-    threads = threads or physical_cores()
+    threads = threads or default_threads()
     tgt = load(target)
     logs = shipped_logs(log_dir, target)
     out_dir.mkdir(parents=True, exist_ok=True)

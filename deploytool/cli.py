@@ -600,7 +600,7 @@ def build_parser() -> argparse.ArgumentParser:
     def io_args(sp):
         sp.add_argument("--inputs", help=".npz with one array per input name (default: seeded random)")
         sp.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-        sp.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+        sp.add_argument("--threads", type=int, help="CPU threads (default: $TVM_NUM_THREADS, else physical cores)")
         device_args(sp, "run it on a board")
 
 
@@ -632,7 +632,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("artifact")
     s.add_argument("--inputs", help=".npz with one array per input name (default: seeded random)")
     s.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default: 0)")
-    s.add_argument("--threads", type=int, help="CPU threads (default: physical cores)")
+    s.add_argument("--threads", type=int, help="CPU threads (default: $TVM_NUM_THREADS, else physical cores)")
     s.add_argument("--tuning-log", metavar="LOG", help="show each kernel's best record of this log next to its time "
                    "in the model")
     s.add_argument("--tuned-on", metavar="MACHINE", help="the machine whose records of a multi-machine log to show "

@@ -205,7 +205,7 @@ class LocalMeasurer:
 
         self.target = target
         self.settings = settings
-        self.threads = settings.threads or targets.physical_cores()
+        self.threads = settings.threads or targets.default_threads()
         self.workers = max(1, workers or targets.physical_cores())
         self.cc = pipeline.toolchain_cc(target)
         self.cross = bool(target.toolchain.get("cross"))

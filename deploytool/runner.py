@@ -15,7 +15,7 @@ import numpy as np
 
 from deploytool.artifact import Artifact
 from deploytool.errors import ArtifactError, TargetError
-from deploytool.targets import host_arch, missing_features, physical_cores
+from deploytool.targets import default_threads, host_arch, missing_features
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,8 @@ def time_callable(fn, *, warmup: int, repeats: int, min_seconds: float = 0.0) ->
 
 
 def set_threads(n: int | None) -> None:
-    """Size TVM's CPU thread pool: ``n`` threads, or one per physical core.
+    """Size TVM's CPU thread pool: ``n`` threads, or ``targets.default_threads()`` (the user's
+    TVM_NUM_THREADS, else one per physical core).
 
     TVM sizes its pool once, when the first parallel kernel runs, from TVM_NUM_THREADS, and
     otherwise from half the logical CPUs (it assumes 2-way SMT: on a 2-core VM without SMT that
@@ -72,7 +73,7 @@ def set_threads(n: int | None) -> None:
     another size is reconfigured."""
     import os
 
-    n = int(n or physical_cores())
+    n = int(n or default_threads())
     current = os.environ.get("TVM_NUM_THREADS")
     if current == str(n):
         return

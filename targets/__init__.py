@@ -210,6 +210,17 @@ def physical_cores() -> int:
     return os.cpu_count() or 1
 
 
+def default_threads() -> int:
+    """Threads to run kernels on when none are asked for: ``TVM_NUM_THREADS`` where it is set to a
+    whole number >= 1 (TVM's own knob, which a user exports to share a machine), else one per
+    physical core."""
+    try:
+        n = int(os.environ.get("TVM_NUM_THREADS", ""))
+    except ValueError:
+        n = 0
+    return n if n >= 1 else physical_cores()
+
+
 def _detect_host(data: dict[str, Any], cpuinfo: str | None) -> dict[str, Any]:
     """Fill mcpu, features and cores from this machine. TVM's mcpu=native silently falls back
     to a generic CPU in 0.27, so the CPU name comes from LLVM's host detection instead."""

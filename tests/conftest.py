@@ -80,8 +80,8 @@ class CLIResult:
 def cli():
     """Run the real `deploytool` console entry point in a subprocess."""
 
-    def run(*args, timeout: float = 600, cwd: Path | None = None) -> CLIResult:
-        env = dict(os.environ)
+    def run(*args, timeout: float = 600, cwd: Path | None = None, env: dict | None = None) -> CLIResult:
+        env = {**os.environ, **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "deploytool", *map(str, args)], capture_output=True, text=True,
                               timeout=timeout, cwd=cwd, env=env)
         return CLIResult(proc)

@@ -107,6 +107,22 @@ def test_compile_run_check_bench(cli, tiny_model, tmp_path):
     assert j["ratio"] > 0 and j["onnxruntime"]["median_ms"] > 0 and j["threads"] >= 1
 
 
+def test_threads_default_to_tvm_num_threads(cli, tiny_so):
+    """Without --threads, kernels run on TVM_NUM_THREADS threads where the user exported it (TVM's
+    own knob), else one per physical core; --threads wins over both."""
+    from deploytool.targets import physical_cores
+
+    def threads(*args, env):
+        r = cli("bench", tiny_so, "--repeats", "2", "--warmup", "0", "--rounds", "1", "--json", *args, env=env)
+        assert r.code == 0, r
+        return json.loads(r.out)["threads"]
+
+    n = physical_cores() + 1  # differs from the default on any machine
+    assert threads(env={"TVM_NUM_THREADS": str(n)}) == n
+    assert threads("--threads", "1", env={"TVM_NUM_THREADS": str(n)}) == 1
+    assert threads(env={"TVM_NUM_THREADS": ""}) == physical_cores()
+
+
 def test_check_failure_exits_1_with_report(cli, tiny_model, tmp_path):
     so = tmp_path / "tiny.so"
     assert cli("compile", tiny_model, "-o", so, "-q").code == 0
