@@ -713,12 +713,7 @@ def _inner_cuts(sch, block) -> list[int]:
     while stack:
         e = stack.pop()
         if isinstance(e, tvm.ir.Call) and str(getattr(e.op, "name", "")).endswith("if_then_else"):
-            cond = e.args[0]
-            c = None
-            if isinstance(cond, (tirx.LE, tirx.GT)) and cond.b.same_as(v):  # c <= v, c > v
-                c = _const(cond.a) if isinstance(cond, tirx.LE) else (_const(cond.a) or 0) + 1
-            elif isinstance(cond, (tirx.LT, tirx.GE)) and cond.a.same_as(v):  # v < c, v >= c
-                c = _const(cond.b)
+            c = _switch_point(e.args[0], v)
             if c is None:
                 return []  # switches on something else: not a plain concatenation
             if 0 < c < ext:
@@ -730,6 +725,22 @@ def _inner_cuts(sch, block) -> list[int]:
             stack.extend(x for x in (getattr(e, "a", None), getattr(e, "b", None), getattr(e, "value", None))
                          if isinstance(x, tvm.ir.Expr))
     return sorted(cuts)
+
+
+def _switch_point(cond, v) -> int | None:
+    """The s where ``cond``, a comparison of ``v`` with a constant, changes value (it holds on one
+    side of v = s): c <= v, v >= c, c > v, v < c switch at c; c < v, v > c, c >= v, v <= c at c + 1.
+    None for any other condition."""
+    from tvm import tirx
+
+    kinds = (tirx.LT, tirx.LE, tirx.GT, tirx.GE)
+    if not isinstance(cond, kinds):
+        return None
+    if cond.b.same_as(v) and _const(cond.a) is not None:  # c OP v
+        return _const(cond.a) + (1 if isinstance(cond, (tirx.LT, tirx.GE)) else 0)
+    if cond.a.same_as(v) and _const(cond.b) is not None:  # v OP c
+        return _const(cond.b) + (1 if isinstance(cond, (tirx.GT, tirx.LE)) else 0)
+    return None
 
 
 def _split_concat(sch, block, params: CPUParams) -> bool:

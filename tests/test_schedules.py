@@ -260,6 +260,29 @@ def test_a_convolution_without_padding_reads_its_input_in_place(tmp_path):
 
 
 @pytest.mark.models
+@pytest.mark.parametrize("form", ["j < 10", "10 <= j", "j >= 10", "10 > j", "j > 9", "9 < j", "j <= 9", "9 >= j"])
+def test_a_concatenations_switch_point_is_read_from_any_comparison(form):
+    """Where a select on the innermost axis switches source (10 here), whichever way its
+    comparison is written; a condition on anything else gives no cut."""
+    from tvm import s_tir, te, tirx
+
+    a, b = te.placeholder((4, 10), name="a"), te.placeholder((4, 6), name="b")
+    lhs, op, rhs = form.split()
+    lo = {"<": True, "<=": True, ">": False, ">=": False}[op] == (lhs == "j")  # holds below the switch
+
+    def cond(j):
+        x, y = (j if t == "j" else tirx.IntImm("int32", int(t)) for t in (lhs, rhs))
+        return {"<": x < y, "<=": x <= y, ">": x > y, ">=": x >= y}[op]
+
+    def body(i, j):
+        first, second = a[i, j], b[i, j - 10]
+        return tirx.if_then_else(cond(j), first if lo else second, second if lo else first)
+
+    for compute, cuts in ((body, [10]), (lambda i, j: tirx.if_then_else(i < 2, a[i, j % 10], b[i, j % 6]), [])):
+        sch = s_tir.Schedule(te.create_prim_func([a, b, te.compute((4, 16), compute, name="c")]))
+        assert cpu._inner_cuts(sch, sch.get_child_blocks(sch.get_sblock("root"))[0]) == cuts
+
+
 def test_a_channel_concatenation_copies_each_input_in_its_own_loop(tmp_path):
     """A concatenation along the innermost (NHWC channel) axis is one loop that selects its input
     per element, which vectorizes as loads of every input and a select (SqueezeNet's ran 3.5-4x
