@@ -695,9 +695,10 @@ def injective(sch, tvm_target, params: CPUParams):
 
 
 def _inner_cuts(sch, block) -> list[int]:
-    """Where a block's value switches source along its innermost axis: the constants c of every
-    ``if_then_else(c <= v, ...)`` (or v < c, v >= c, c > v) on the innermost block var v, inside
-    the extent. A concatenation along that axis: TVM's concatenate selects its input so."""
+    """Where a block's value switches source along its innermost axis: the switch point of every
+    ``if_then_else`` whose condition compares the innermost block var v with a constant
+    (``_switch_point``: ``c <= v`` and the seven other forms), inside the extent. A concatenation
+    along that axis: TVM's concatenate selects its input so. Any other condition: no cuts."""
     import tvm
     from tvm import tirx
 
