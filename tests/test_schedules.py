@@ -596,6 +596,47 @@ def test_grouped_convolutions_pad_each_group_to_whole_vectors(tmp_path):
 
 
 @pytest.mark.models
+def test_one_d_convolutions_vectorize_their_channels(tmp_path):
+    """On CPUs 1-D convolutions run channels-last (NWC, weights WIO), as 2-D ones run NHWC: in
+    ONNX's NCW the innermost axis is the width, and a width of 50 (98 in the DS-CNN) was vectorized
+    in loops of 10 or 29 lanes (7 and 14 in the DS-CNN). Now every convolution kernel, the
+    pointwise and the depthwise one, vectorizes whole 8-lane vectors of channels, and the numbers
+    match onnxruntime."""
+    import re
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in
+             (("w1", (32, 16, 3)), ("b1", (32,)), ("wd", (32, 1, 9)), ("w2", (32, 32, 1)), ("b2", (32,)))]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "wd"], ["d"], group=32, pads=[4, 4]),
+             helper.make_node("Conv", ["d", "w2", "b2"], ["c2"]),
+             helper.make_node("Relu", ["c2"], ["y"])]
+    g = helper.make_graph(nodes, "conv1d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 50])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 50])], inits)
+    src = tmp_path / "conv1d.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    target = targets.load("x86-avx2")
+    opt = pipeline.optimize(frontend.import_onnx(src).mod, target)
+    text = opt["main"].script(show_meta=False)
+    assert text.count('data_layout="NWC", kernel_layout="WIO"') == 3, text
+    mod = pipeline.schedule(pipeline.partition(opt, target), target)
+    convs = [gv.name_hint for gv in mod.functions if "conv1d" in gv.name_hint]
+    assert len(convs) == 3, convs
+    for name in convs:
+        lanes = [int(n) for n in re.findall(r"for \w+ in T\.vectorized\((?:T\.int64\()?(\d+)", mod[name].script())]
+        assert lanes and all(n % 8 == 0 for n in lanes), (name, lanes, mod[name].script())
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "conv1d.so")
+    assert all(res.schedules[n] == "tile_reduction" for n in convs), res.schedules
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
 def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
     """A convolution's and a matmul's constant weights are marked layout-free, an activation is
     not; RewriteLayout lays them out in the order the default schedule reads them, the packing is
