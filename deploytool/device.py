@@ -260,6 +260,16 @@ def cpu_name(cpuinfo: str | None = None) -> str:
     return name
 
 
+def env_threads() -> int | None:
+    """``TVM_NUM_THREADS`` where it is a whole number >= 1, else None (unset, empty, 0 or not a
+    number: TVM itself then sizes its pool from the cores)."""
+    try:
+        n = int(os.environ.get("TVM_NUM_THREADS", ""))
+    except ValueError:
+        return None
+    return n if n >= 1 else None
+
+
 def local_info(*, emulated: str | None = None, address: str = "") -> dict[str, Any]:
     """What this machine says about itself to tuners and runners (arch, CPU, cores, emulation)."""
     cpu = cpu_name()
@@ -272,7 +282,7 @@ def local_info(*, emulated: str | None = None, address: str = "") -> dict[str, A
     from deploytool import __version__
 
     return {"arch": platform.machine(), "cpu": cpu, "cores": os.cpu_count(), "emulated": emulated or None,
-            "threads": int(os.environ.get("TVM_NUM_THREADS", "0") or 0) or None,
+            "threads": env_threads(),
             "tvm": tvm_version, "deploytool": __version__, "address": address}
 
 

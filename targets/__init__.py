@@ -214,11 +214,9 @@ def default_threads() -> int:
     """Threads to run kernels on when none are asked for: ``TVM_NUM_THREADS`` where it is set to a
     whole number >= 1 (TVM's own knob, which a user exports to share a machine), else one per
     physical core."""
-    try:
-        n = int(os.environ.get("TVM_NUM_THREADS", ""))
-    except ValueError:
-        n = 0
-    return n if n >= 1 else physical_cores()
+    from deploytool.device import env_threads
+
+    return env_threads() or physical_cores()
 
 
 def _detect_host(data: dict[str, Any], cpuinfo: str | None) -> dict[str, Any]:

@@ -123,6 +123,20 @@ def test_threads_default_to_tvm_num_threads(cli, tiny_so):
     assert threads(env={"TVM_NUM_THREADS": ""}) == physical_cores()
 
 
+@pytest.mark.fast
+def test_a_board_reads_tvm_num_threads_as_the_host_does(monkeypatch):
+    """What a board tells tuners about its threads (`device serve`'s header): TVM_NUM_THREADS where
+    it is a whole number >= 1, else none set. A value that is not a number stopped the board with
+    an internal error (int('abc')); the host's default_threads already ignored it."""
+    from deploytool import device
+    from deploytool.targets import default_threads, physical_cores
+
+    for value, expect in (("3", 3), ("abc", None), ("0", None), ("", None)):
+        monkeypatch.setenv("TVM_NUM_THREADS", value)
+        assert device.local_info()["threads"] == expect, value
+        assert default_threads() == (expect or physical_cores()), value
+
+
 def test_check_failure_exits_1_with_report(cli, tiny_model, tmp_path):
     so = tmp_path / "tiny.so"
     assert cli("compile", tiny_model, "-o", so, "-q").code == 0
