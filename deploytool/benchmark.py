@@ -408,7 +408,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     for f in sorted(results_dir.glob("shipped-*")):
         if f.suffix == ".json":
             res = json.loads(f.read_text())
-            parts.append(f"### The shipped {res['target']} logs on a {res['host'].get('family', '?')}: "
+            fam = res["host"].get("family", "?")  # zen3; an Intel's label (intel-6-207) reads better as its name
+            machine = f"a {fam}" if fam.startswith("zen") else f"an {res['host'].get('cpu', fam)}"
+            parts.append(f"### The shipped {res['target']} logs on {machine}: "
                          f"`python bench/shipped.py --target {res['target']}`\n\n" + markdown_shipped(res))
         elif f.suffix == ".md":
             parts.append(f.read_text())
@@ -514,4 +516,5 @@ def markdown(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append("ratio = deploytool median / onnxruntime median (below 1: deploytool faster); both in one run, "
                  "same inputs, same threads.")
+    lines += [f"- {n}" for n in result.get("notes", [])]  # a subset rerun's dates, the machine's state
     return "\n".join(lines) + "\n"
