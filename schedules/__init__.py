@@ -15,10 +15,13 @@ def desired_layouts(target) -> dict[str, list[str]]:
     vector width in nearly every CNN layer -- are the vectorized, contiguous axis whatever the
     spatial size or stride. 1-D convolutions likewise run NWC with WIO weights: in NCW the
     vectorized axis was the width (98 frames in the DS-CNN: loops of 7 lanes), and the untuned
-    DS-CNN ran 4.3x slower (0.70 -> 0.16 ms on a Zen 3). Pooling and elementwise ops follow the
-    convolutions' layout."""
+    DS-CNN ran 4.3x slower (0.70 -> 0.16 ms on a Zen 3). Transposed convolutions keep ONNX's
+    layout: TVM 0.27 lowers them in NCHW/NCW only, and left to follow a convolution's NHWC
+    output they reached VM code generation unlowered (a decoder's build failed). Pooling and
+    elementwise ops follow the convolutions' layout."""
     if target.family in ("x86", "arm"):
-        return {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv1d": ["NWC", "WIO"]}
+        return {"relax.nn.conv2d": ["NHWC", "HWIO"], "relax.nn.conv1d": ["NWC", "WIO"],
+                "relax.nn.conv2d_transpose": ["NCHW", "IOHW"], "relax.nn.conv1d_transpose": ["NCW", "IOW"]}
     return {}
 
 

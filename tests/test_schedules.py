@@ -637,6 +637,32 @@ def test_one_d_convolutions_vectorize_their_channels(tmp_path):
 
 
 @pytest.mark.models
+@pytest.mark.parametrize("dims", [1, 2])
+def test_transposed_convolutions_between_convolutions_build_and_match(dims, tmp_path):
+    """A decoder's ConvTranspose after a convolution: the layout conversion gave it its producer's
+    channels-last layout, which TVM 0.27 cannot lower (conv2d_transpose is legalized for NCHW
+    only), so the build failed in VM code generation. The transposed convolutions keep ONNX's
+    layout now, and the numbers match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    k = [3] * dims
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in
+             (("w1", (16, 8, *k)), ("t", (16, 8, *[4] * dims)), ("tb", (8,)), ("w2", (8, 8, *k)))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 2 * dims),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("ConvTranspose", ["r1", "t", "tb"], ["u"], strides=[2] * dims, pads=[1] * 2 * dims),
+             helper.make_node("Conv", ["u", "w2"], ["y"], pads=[1] * 2 * dims)]
+    g = helper.make_graph(nodes, "decoder", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, *[6] * dims])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, *[12] * dims])], inits)
+    src = tmp_path / "decoder.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "decoder.so")
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
 def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
     """A convolution's and a matmul's constant weights are marked layout-free, an activation is
     not; RewriteLayout lays them out in the order the default schedule reads them, the packing is
