@@ -79,9 +79,13 @@ def describe(exc: BaseException, limit: int = 300) -> str:
     import os
     import traceback
 
-    lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+    # TVM's script printer ends an IR dump with "# Metadata omitted. ...": not the message
+    lines = [ln.strip() for ln in str(exc).strip().splitlines() if ln.strip() and not ln.strip().startswith("# ")]
+    if "Offending call:" in lines[:-1]:  # VM codegen: the message, then the Relax call it could not emit
+        call = lines[lines.index("Offending call:") + 1]
+        return f"{type(exc).__name__}: {lines[0]} Offending call: {call}"[:limit]
     if lines:
-        return f"{type(exc).__name__}: {lines[-1].strip()}"[:limit]
+        return f"{type(exc).__name__}: {lines[-1]}"[:limit]
     tb = traceback.extract_tb(exc.__traceback__)
     if tb:
         frame = tb[-1]

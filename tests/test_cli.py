@@ -274,3 +274,18 @@ def test_a_cleanup_error_after_ctrl_c_reads_as_interrupted():
     except RuntimeError as e:
         assert cli._during_interrupt(e)
     assert not cli._during_interrupt(RuntimeError("a real bug"))
+
+
+@pytest.mark.fast
+def test_a_tvm_error_with_an_ir_dump_is_told_by_its_message():
+    """TVM's VM code generator ends its error with the offending call and the script printer's
+    '# Metadata omitted' line: the one-line error said only that line; now it gives the message
+    and the call."""
+    from deploytool.errors import describe
+
+    e = RuntimeError("CodeGenVM cannot emit this Relax operator directly.\nOffending call:\n"
+                     'R.nn.conv2d_transpose(x, w, data_layout="NHWC")\n\n'
+                     "# Metadata omitted. Use show_meta=True in script() method to show it.\n")
+    assert describe(e) == ('RuntimeError: CodeGenVM cannot emit this Relax operator directly. Offending call: '
+                           'R.nn.conv2d_transpose(x, w, data_layout="NHWC")')
+    assert describe(RuntimeError("first\nCheck failed: x == y")) == "RuntimeError: Check failed: x == y"
