@@ -63,6 +63,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     from deploytool import const_fold as _const_fold
     from deploytool import cublas as _cublas
     from deploytool import cudnn as _cudnn
+    from deploytool import deconv as _deconv
     from deploytool import fast_math as _fast_math
     from deploytool import schedules, splitk
 
@@ -77,6 +78,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
         _power_by_roots(),
         _leaky_relu_as_max(),
         _clip_as_max_min(),
+        *([_deconv.subpixel_pass()] if _deconv.applies(target) else []),
     ]
     if dtype == "float16":
         # CanonicalizeBindings first: a BatchNorm left unfolded (after a convolution with a bias)

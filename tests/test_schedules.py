@@ -663,6 +663,56 @@ def test_transposed_convolutions_between_convolutions_build_and_match(dims, tmp_
 
 
 @pytest.mark.models
+def test_transposed_convolutions_become_subpixel_convolutions(tmp_path):
+    """On CPUs a ConvTranspose with constant weights (one group, no dilation) is one stride-1
+    convolution with s^d x C_out channels and a pixel shuffle (deploytool.deconv): strides 1-3,
+    kernels that strides do and do not divide, asymmetric pads, output paddings, 1-D and 2-D. A
+    grouped and a dilated one stay transposed convolutions. Every output matches onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits, nodes, outs = [], [], []
+
+    def const(name, shape):
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name))
+        return name
+
+    nodes.append(helper.make_node("Conv", ["x", const("w0", (8, 4, 3, 3))], ["c"], pads=[1, 1, 1, 1]))
+    nodes.append(helper.make_node("Conv", ["x1", const("w1", (8, 4, 3))], ["c1"], pads=[1, 1]))
+    cases = [  # (input, kernel, attributes)
+        ("c", (4, 4), dict(strides=[2, 2], pads=[1, 1, 1, 1])),
+        ("c", (3, 3), dict(strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1])),
+        ("c", (3, 5), dict(strides=[2, 3], pads=[0, 1, 2, 0])),
+        ("c", (2, 2), dict(strides=[2, 2])),
+        ("c", (3, 3), dict(strides=[1, 1], pads=[1, 1, 1, 1])),
+        ("c", (5, 5), dict(strides=[3, 3], pads=[2, 2, 2, 2], output_padding=[2, 1])),
+        ("c", (3, 3), dict(strides=[2, 2], group=2)),        # stays transposed
+        ("c", (3, 3), dict(strides=[2, 2], dilations=[2, 2])),  # stays transposed
+        ("c1", (4,), dict(strides=[2], pads=[1, 1])),
+        ("c1", (3,), dict(strides=[3], output_padding=[2])),
+    ]
+    for i, (src_name, k, attrs) in enumerate(cases):
+        cout_per_group = 6 // attrs.get("group", 1)
+        w = const(f"t{i}", (8, cout_per_group, *k))
+        nodes.append(helper.make_node("ConvTranspose", [src_name, w, const(f"b{i}", (6,))], [f"y{i}"], **attrs))
+        outs.append(f"y{i}")
+    x = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 7, 9]),
+         helper.make_tensor_value_info("x1", TensorProto.FLOAT, [1, 4, 11])]
+    g = helper.make_graph(nodes, "deconvs", x, [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outs],
+                          inits)
+    src = tmp_path / "deconvs.onnx"
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(onnx.shape_inference.infer_shapes(model), src)
+    text = pipeline.optimize(frontend.import_onnx(src).mod, targets.load("x86-avx2"))["main"].script(show_meta=False)
+    assert text.count("R.nn.conv2d_transpose(") == 2 and "R.nn.conv1d_transpose(" not in text, text
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "deconvs.so")
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
+@pytest.mark.models
 def test_weights_are_laid_out_as_the_kernels_read_them(tmp_path):
     """A convolution's and a matmul's constant weights are marked layout-free, an activation is
     not; RewriteLayout lays them out in the order the default schedule reads them, the packing is
