@@ -502,7 +502,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
          split_k: bool = True, winograd: bool = False, cublas: bool = False, cudnn: bool = False,
          first_round: int | None = None,
-         kernels: str | None = None,
+         kernels: str | None = None, threads: int | None = None,
          on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
@@ -522,7 +522,11 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     latency; bench/results/pretrain-first-round.md) on CPUs, a full batch otherwise (on GPUs the
     search round, seconds on the host, costs far more than measuring its candidates).
     ``kernels``: comma-separated glob patterns of kernel names (e.g. ``*winograd*``): tune only
-    those (the others keep whatever the log has)."""
+    those (the others keep whatever the log has).
+    ``threads``: the CPU threads candidates are timed on here (default: ``measure.threads``, else
+    $TVM_NUM_THREADS, else the physical cores): the thread count the model will run with. Records
+    name it with their machine. A board over RPC times on its own (`device serve --threads`)."""
+    import dataclasses
     import fnmatch
 
     from deploytool import pipeline
@@ -539,6 +543,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(dtype in pipeline.DTYPES, "--dtype", dtype, " or ".join(pipeline.DTYPES))
     _require(retime_top >= 1, "--retime-top", retime_top, "a number of candidates per kernel >= 1")
     _require(first_round is None or first_round >= 1, "--first-round", first_round, "a number of candidates >= 1")
+    _check_threads(threads)
     if retime_from is not None and not Path(retime_from).is_file():
         raise InputError(f"--retime-from: no tuning log at {retime_from}", "pass an existing .jsonl or .jsonl.gz log")
     tgt = _targets.load(target)
@@ -548,6 +553,11 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _check_winograd(tgt, dtype, winograd)
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     spec = _device_spec(device)
+    if threads is not None and (spec is not None or tgt.family == "cuda"):
+        raise InputError("--threads sets the CPU threads candidates are timed on here; "
+                         + ("a board times them on its own" if spec is not None else "CUDA kernels run on the GPU"),
+                         "drop --threads" + (" (start the board with `deploytool device serve --threads N`)"
+                                             if spec is not None else ""))
     if tgt.family == "cuda":
         from deploytool import cuda
 
@@ -599,7 +609,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                 f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
                 else "learned from scratch"))
     opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
-                       seed=seed, workers=workers, measure=measure or MeasureSettings(), device=spec, progress=progress,
+                       seed=seed, workers=workers, device=spec, progress=progress,
+                       measure=dataclasses.replace(measure or MeasureSettings(), **({"threads": threads} if threads else {})),
                        cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
                        retime_top=retime_top,
                        first_round=first_round,

@@ -274,7 +274,7 @@ def cmd_tune(args) -> int:
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
                  winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round,
-                 kernels=args.kernels,
+                 kernels=args.kernels, threads=args.threads,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
@@ -534,6 +534,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--early-stop", type=int, help="after this many trials without a 1%% gain, restart a kernel's "
                    "search once from its best records, and stop it at the second stall (default: 48; 0: never)")
     s.add_argument("--workers", type=int, help="parallel build processes (default: physical cores)")
+    s.add_argument("--threads", type=int, help="CPU threads candidates are timed on, the count the model will run "
+                   "with (default: $TVM_NUM_THREADS, else physical cores; a board over RPC uses its own)")
     s.add_argument("--repeat", type=int, default=3, help="timed repeats per candidate (default: 3)")
     s.add_argument("--min-repeat-ms", type=int, default=10, help="each repeat runs at least this long (default: 10)")
     s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",

@@ -772,3 +772,27 @@ def test_logs_show_names_the_gpu_and_its_timing(cli):
     r = cli("logs", "show", REPO / "tuning_logs" / "resnet50-b1-float16-cuda.jsonl.gz")
     assert r.code == 0, r
     assert "NVIDIA H200 (sm_90), timed with cold L2" in r.out, r.out
+
+
+def test_tune_times_candidates_on_the_threads_asked_for(tiny_model, tmp_path, cli):
+    """`tune --threads N`: candidates are timed on N threads, the count the model will run with
+    (a 16-core host tuning for a 2-thread deployment had to export TVM_NUM_THREADS); the header
+    and every record name that machine with N threads, and it wins over TVM_NUM_THREADS. N < 1 and
+    --threads for a board over RPC (which times on its own threads) are one-line errors."""
+    from deploytool.targets import physical_cores
+
+    log = tmp_path / "t.jsonl"
+    n = physical_cores() + 1  # differs from the default on any machine
+    r = cli("tune", tiny_model, "--target", "x86", "-o", log, "--trials", "0", "--threads", str(n),
+            "--repeat", "1", "--min-repeat-ms", "1", "-q", env={"TVM_NUM_THREADS": "1"})
+    assert r.code == 0, r
+    t = _read(log)
+    assert t.header["device"]["threads"] == n and t.header["measure"]["threads"] == n
+    assert t.records and all(t.device_of(x).startswith(t.machine_of(x)) and f"{n} threads" in t.device_of(x)
+                             for x in t.records), {t.device_of(x) for x in t.records}
+    r = cli("tune", tiny_model, "--target", "x86", "-o", tmp_path / "bad.jsonl", "--threads", "0", "-q")
+    assert r.code == 2 and "--threads" in r.err, r
+    r = cli("tune", tiny_model, "--target", "x86", "-o", tmp_path / "bad.jsonl", "--threads", "2",
+            "--rpc", "127.0.0.1:9", "-q")
+    assert r.code == 2 and "--threads" in r.err and "device serve --threads" in r.err, r
+    assert len(r.err.strip().splitlines()) == 1, r
