@@ -56,6 +56,7 @@ def subpixel_weights(w, strides):
 
 
 def _ints(xs):
+    """A static shape as ints; None for no shape (None) or a symbolic dimension."""
     try:
         return [int(x) for x in xs]
     except (TypeError, ValueError):
@@ -76,8 +77,8 @@ def _rewrite(call, nd: int):
     dtype = str(getattr(x.ty, "dtype", ""))
     if dtype not in _FLOATS or str(w.value.dtype) != dtype or (a.out_dtype and str(a.out_dtype) not in ("", dtype)):
         return None
-    in_shape = _ints(getattr(x.ty, "shape", None) or [None])
-    out_shape = _ints(getattr(call.ty, "shape", None) or [None])
+    in_shape = _ints(getattr(x.ty, "shape", None))
+    out_shape = _ints(getattr(call.ty, "shape", None))
     if in_shape is None or out_shape is None:
         return None
     strides = [int(s) for s in a.strides]
