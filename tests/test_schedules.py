@@ -259,6 +259,43 @@ def test_a_convolution_without_padding_reads_its_input_in_place(tmp_path):
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
+def test_many_row_tiles_read_their_input_at_a_stride_that_spreads_the_l1_sets(tmp_path):
+    """A 13-row register tile broadcasts from 13 input pixels per reduction step. At 1,024 (or
+    512) float32 channels a pixel is 4 (2) KB, so those rows fall into one (two) of the L1's sets
+    and evict each other (YOLOv3-tiny's 1x1 convolution of 1,024 channels at 13x13 ran at a third
+    of its speed). The default schedule gives the input a stage whose pixel stride is one cache
+    line longer: a copy for the 1x1, the padding stage it already has for the 3x3. The numbers
+    match onnxruntime."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from deploytool import frontend, pipeline, targets
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.05, (512, 1024, 1, 1)).astype(np.float32), "w1"),
+             numpy_helper.from_array(rng.normal(0, 0.05, (16, 512, 3, 3)).astype(np.float32), "w3"),
+             numpy_helper.from_array(rng.normal(0, 0.05, (16, 16, 1, 1)).astype(np.float32), "w4")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
+             helper.make_node("Conv", ["c1", "w3"], ["c3"], pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["c3", "w4"], ["y"])]  # 16 channels: 64 B a pixel, nothing to spread
+    g = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024, 13, 13])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 13, 13])], inits)
+    src = tmp_path / "rows.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    target = targets.load("x86-avx2")
+    mod = pipeline.schedule(pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, target), target),
+                            target)
+    kernels = {gv.name_hint: f.script() for gv, f in mod.functions.items() if "conv2d" in gv.name_hint}
+    assert len(kernels) == 3, list(kernels)
+    one, three, last = (kernels[k] for k in sorted(kernels))  # conv2d, conv2d1, conv2d2
+    # [buffer, axis (the width), factor, offset]: the pixel stride becomes 1,024 + 16 and 512 + 16
+    assert '"buffer_dim_align": [[0, 2, 1024, 16]]' in one, one
+    assert '"buffer_dim_align": [[0, 2, 512, 16]]' in three, three
+    assert "buffer_dim_align" not in last and "pad_temp" not in last, last
+    res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "rows.so")
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
 @pytest.mark.models
 @pytest.mark.parametrize("form", ["j < 10", "10 <= j", "j >= 10", "10 > j", "j > 9", "9 < j", "j <= 9", "9 >= j"])
 def test_a_concatenations_switch_point_is_read_from_any_comparison(form):
