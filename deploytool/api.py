@@ -24,6 +24,7 @@ import numpy as np
 
 from deploytool import cublas as _cublas
 from deploytool import cudnn as _cudnn
+from deploytool import interrupts
 from deploytool import splitk
 from deploytool import targets as _targets
 from deploytool.artifact import Artifact, TensorSpec, read_metadata
@@ -592,35 +593,40 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     from deploytool.tuninglog import require_appendable
 
     require_appendable(output)
-    imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
-    task_list = pipeline.tasks(mod)
-    if kernels:
-        pats = [k.strip() for k in kernels.split(",") if k.strip()]
-        picked = [t for t in task_list if any(fnmatch.fnmatchcase(t.name, p) for p in pats)]
-        if not picked:
-            raise InputError(f"--kernels {kernels}: no kernel of {Path(model).name} matches",
-                             "use glob patterns of kernel names as `deploytool inspect` lists them, e.g. "
-                             f"'*conv2d*' or '{task_list[0].name if task_list else 'fused_conv2d_add_relu'}'")
-        task_list = picked
-    progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
-             + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
-                "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
-                f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
-                else "learned from scratch"))
-    opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
-                       seed=seed, workers=workers, device=spec, progress=progress,
-                       measure=dataclasses.replace(measure or MeasureSettings(), **({"threads": threads} if threads else {})),
-                       cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
-                       retime_top=retime_top,
-                       first_round=first_round,
-                       **({"objective": objective} if objective else {}))
-    return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
-                 model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
-                        "split_k": splitk.applies(tgt, dtype, split_k),
-                        "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
-                        "cublas": _cublas.applies(tgt, dtype, cublas),
-                        "cudnn": _cudnn.applies(tgt, dtype, cudnn)})
+    # Ctrl-C from here on stops at the next step: deploytool.interrupts says why not at once
+    with interrupts.Deferred("stopping after the step in flight (Ctrl-C again: at once)") as interrupt:
+        imported = import_onnx(model, _shapes(input_shapes))
+        interrupt.check()
+        mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
+        interrupt.check()
+        task_list = pipeline.tasks(mod)
+        if kernels:
+            pats = [k.strip() for k in kernels.split(",") if k.strip()]
+            picked = [t for t in task_list if any(fnmatch.fnmatchcase(t.name, p) for p in pats)]
+            if not picked:
+                raise InputError(f"--kernels {kernels}: no kernel of {Path(model).name} matches",
+                                 "use glob patterns of kernel names as `deploytool inspect` lists them, e.g. "
+                                 f"'*conv2d*' or '{task_list[0].name if task_list else 'fused_conv2d_add_relu'}'")
+            task_list = picked
+        progress(f"{len(task_list)} kernels to tune for {tgt.name}; log: {output}; cost model: "
+                 + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
+                    "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
+                    f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
+                    else "learned from scratch"))
+        opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
+                           seed=seed, workers=workers, device=spec, progress=progress,
+                           measure=dataclasses.replace(measure or MeasureSettings(),
+                                                       **({"threads": threads} if threads else {})),
+                           cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
+                           retime_top=retime_top,
+                           first_round=first_round,
+                           **({"objective": objective} if objective else {}))
+        return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
+                     model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
+                            "split_k": splitk.applies(tgt, dtype, split_k),
+                            "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
+                            "cublas": _cublas.applies(tgt, dtype, cublas),
+                            "cudnn": _cudnn.applies(tgt, dtype, cudnn)})
 
 
 def _other_family(cm_file: Path, tgt) -> str:

@@ -13,7 +13,7 @@ import time
 import traceback
 from pathlib import Path
 
-from deploytool import __version__
+from deploytool import __version__, interrupts
 from deploytool.errors import DeploytoolError
 
 
@@ -712,6 +712,15 @@ def _during_interrupt(e: BaseException) -> bool:
     return False
 
 
+def _interrupted(argv) -> int:
+    """Exit code 130 after Ctrl-C. Run as the program (``argv`` None), leave at once: Python's exit
+    handlers join the worker pools' threads, which can block or print tracebacks once the workers
+    are killed (deploytool.interrupts.exit_interrupted)."""
+    if argv is None:
+        interrupts.exit_interrupted(130)
+    return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -724,14 +733,14 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("deploytool: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted(argv)
     except BrokenPipeError:  # e.g. `deploytool logs show LOG | head`
         sys.stderr.close()
         return 0
     except Exception as e:  # a bug: say so in one line, with the traceback under --verbose
         if _during_interrupt(e):  # a clean-up (worker pools, locks) that failed after Ctrl-C
             print("deploytool: interrupted", file=sys.stderr)
-            return 130
+            return _interrupted(argv)
         if args.verbose:
             traceback.print_exc()
         first = str(e).strip().splitlines()

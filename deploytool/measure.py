@@ -23,6 +23,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 
+from deploytool import interrupts
+
 
 @dataclass(frozen=True)
 class MeasureSettings:
@@ -47,10 +49,9 @@ class MeasureSettings:
 def _init_worker(threads: int, parent: int, cuda: bool = False) -> None:
     die_with_parent(parent)
     # Ctrl-C reaches the terminal's whole process group: the tuner handles it (its close() kills
-    # these workers); a worker taking it too would only print a KeyboardInterrupt traceback
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # these workers); a worker taking it too would only print a KeyboardInterrupt traceback. Started
+    # with SIGINT blocked (interrupts.sigint_blocked), it ignores it before unblocking
+    interrupts.ignore_in_worker()
     # TVM sizes its thread pool from TVM_NUM_THREADS when the first kernel runs (see
     # deploytool.runner.set_threads); builders need one thread, the timer the target's count.
     os.environ["TVM_NUM_THREADS"] = str(threads or 1)
@@ -276,7 +277,8 @@ class LocalMeasurer:
         for mod in mods:
             self._n += 1
             out = os.path.join(self.tmp, f"cand{self._n}.so")
-            jobs.append(pool.submit(_build_one, tvm.ir.save_json(mod), tjson, hjson, self.cc, self.cross, out))
+            with interrupts.sigint_blocked():  # submit starts the workers: they must not take Ctrl-C
+                jobs.append(pool.submit(_build_one, tvm.ir.save_json(mod), tjson, hjson, self.cc, self.cross, out))
         # a build stuck in the compiler (seen: a recursion in TVM's simplifier that ran for minutes)
         # must not hold the batch: the builds time out once none has finished for build_timeout_s
         # (the other workers keep finishing theirs meanwhile), not after a deadline that grows with
@@ -324,8 +326,9 @@ class LocalMeasurer:
         s = self.settings.to_dict()
         for path, a in zip(paths, args):
             try:
-                lat = self._pool("run").submit(_time_one, path, a, s, "cuda" if self.cuda else "cpu").result(
-                    timeout=self.settings.run_timeout_s)
+                with interrupts.sigint_blocked():  # it may start the timing worker
+                    job = self._pool("run").submit(_time_one, path, a, s, "cuda" if self.cuda else "cpu")
+                lat = job.result(timeout=self.settings.run_timeout_s)
                 out.append(Outcome(latency_s=lat))
             except cf.TimeoutError:
                 self._reset("run")

@@ -24,55 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from deploytool.interrupts import Deferred
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, tuning_module
 from deploytool.tuninglog import (LogWriter, Record, TuningLog, TuningLogError, Workload, device_name, make_header,
                                   this_boot, timed_name, to_py)
 
 log = logging.getLogger(__name__)
-
-
-class _InterruptBetweenRounds:
-    """Ctrl-C while MetaSchedule's C++ search runs a Python callback (the cost model, the default
-    schedule) raises through C++ frames that cannot pass it on: std::terminate, the process dies
-    with a signal. So while this is installed the first Ctrl-C is deferred to the next round
-    boundary (``check`` raises KeyboardInterrupt there); a second one exits at once (the log is
-    flushed record by record, workers die with the process). Outside the main thread, or with
-    SIGINT ignored (a background job of a script), nothing changes. ``restore`` puts the previous
-    handler back."""
-
-    def __init__(self):
-        import signal
-        import threading
-
-        self.hit = False
-        self.old = None
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
-                signal.SIG_IGN, None):
-            self.old = signal.signal(signal.SIGINT, self._handler)
-
-    def _handler(self, signum, frame):
-        import os
-        import sys
-
-        if self.hit:
-            sys.stderr.write("deploytool: interrupted\n")
-            sys.stderr.flush()
-            os._exit(130)
-        self.hit = True
-        sys.stderr.write("deploytool: stopping after the round in flight (Ctrl-C again: at once)\n")
-        sys.stderr.flush()
-
-    def check(self) -> None:
-        if self.hit:
-            raise KeyboardInterrupt
-
-    def restore(self) -> None:
-        import signal
-
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-            self.old = None
 
 
 @dataclass
@@ -295,13 +253,15 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         measured[cand_hash] = r
         return r
 
-    interrupt = _InterruptBetweenRounds()
+    guard = Deferred("stopping after the round in flight (Ctrl-C again: at once)")
+    interrupt = guard.__enter__()  # api.tune's when it is active: one flag for the whole command
     try:
         # ---- 1. the default schedule of every task is the first record to beat; measured again
         # when the default rules changed since the log was written (a new candidate)
         seeded = []
         jobs = []
         for st in states:
+            interrupt.check()
             sch = space.default_candidate(target, wmods[st.workload])
             h = kernel_hash(sch.mod)
             if h not in measured:
@@ -316,6 +276,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     st.best_s = r.seconds
         n = 0
         for src in (foreign, retime_src):
+            interrupt.check()
             if src is not None:
                 n += _retime(src, opts.retime_top, states, wmods, measured, measurer, record)
         if n:  # the cost model starts from the re-measured records
@@ -428,6 +389,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             except Exception as e:
                 search_tiling_only(st, e)
         for i, st in enumerate(states):
+            interrupt.check()
             if st.done:
                 continue
             ctx = make_context(st, i)
@@ -451,6 +413,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     sch.trace, db(st).commit_workload(wmods[st.workload]), rec.latency_s, tvm_target,
                     ms.arg_info.ArgInfo.from_prim_func(funcs[st.workload])))
         for st in states:
+            interrupt.check()
             if st.workload in contexts:
                 try:
                     start_search(contexts[st.workload], st)
@@ -556,7 +519,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         seconds["cost_model"] = cost_model.seconds
         return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed)
     finally:
-        interrupt.restore()
+        guard.__exit__(None, None, None)
         writer.close()
         measurer.close()
 

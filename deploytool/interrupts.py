@@ -1,0 +1,105 @@
+"""Ctrl-C during long work that runs Python inside TVM's C++ (tuning).
+
+A KeyboardInterrupt raised in a Python callback that C++ called (a relax pass, a schedule rule,
+the cost model) does not come back as a KeyboardInterrupt: TVM's FFI turns it into a RuntimeError,
+which a fallback (``except Exception``: a rule that fails leaves its kernel unscheduled) may take
+for a failure and carry on, so the run went on to its end with exit 0; raised on one of
+MetaSchedule's search threads, it is std::terminate. So while :class:`Deferred` is active, the
+first Ctrl-C only sets a flag and the work stops at its next ``check()``; a second one exits at
+once (tuning logs are flushed record by record, workers die with the process).
+
+Worker processes must not take the Ctrl-C that a terminal sends to the whole process group: one
+hit while starting (before its initializer could ignore SIGINT) printed a KeyboardInterrupt
+traceback, or hung in TVM's start-up and held its batch. :func:`sigint_blocked` wraps the calls
+that start workers; they start with SIGINT blocked and ignore it before unblocking
+(:func:`ignore_in_worker`).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+
+
+class Deferred:
+    """Context manager: defer Ctrl-C to :meth:`check`. Outside the main thread, or with SIGINT
+    ignored (a background job of a script), it changes nothing. Nested use reuses the outer one."""
+
+    def __init__(self, message: str = "stopping after the step in flight (Ctrl-C again: at once)"):
+        self.message = message
+        self.hit = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        if self.hit:
+            _say("deploytool: interrupted")
+            os._exit(130)
+        self.hit = True
+        _say(f"deploytool: {self.message}")
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt when Ctrl-C came since this was entered."""
+        if self.hit:
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> "Deferred":
+        if threading.current_thread() is threading.main_thread():
+            cur = signal.getsignal(signal.SIGINT)
+            if isinstance(getattr(cur, "__self__", None), Deferred):
+                return cur.__self__  # an outer one is active: share its flag
+            if cur not in (signal.SIG_IGN, None):
+                self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+
+def _say(line: str) -> None:
+    # the handler may interrupt a write to stderr (the progress line): a second write into the same
+    # buffered stream raises "reentrant call"; the raw fd does not care
+    try:
+        os.write(2, (line + "\n").encode())
+    except OSError:
+        pass
+
+
+@contextlib.contextmanager
+def sigint_blocked():
+    """Block SIGINT in this thread meanwhile: processes started here start with it blocked. A
+    Ctrl-C that comes meanwhile is delivered here when it ends."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def ignore_in_worker() -> None:
+    """In a worker started under :func:`sigint_blocked`: ignore SIGINT (the parent handles it and
+    stops the worker), then unblock it (a pending one is dropped)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def exit_interrupted(code: int = 130) -> None:
+    """Leave at once after a Ctrl-C once clean-up ran: without Python's exit handlers, which join
+    the worker pools' threads (a feeder thread writing to a killed worker's pipe can block that
+    join, or print an OSError traceback)."""
+    try:  # multiprocessing's own clean-ups that cannot block (its semaphores: else the resource
+        # tracker warns of leaked ones); the queue joins that can (priority < 0) are left out
+        from multiprocessing import util
+
+        util._run_finalizers(0)
+    except Exception:
+        pass
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    os._exit(code)
