@@ -724,9 +724,17 @@ def _interrupted(argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with interrupts.Noted() as ctrl_c:
+        return _run(args, argv, ctrl_c)
+
+
+def _run(args, argv, ctrl_c) -> int:
     try:
         return args.fn(args)
     except DeploytoolError as e:
+        if ctrl_c.hit:  # e.g. a build that failed because Ctrl-C became an error inside TVM
+            print("deploytool: interrupted", file=sys.stderr)
+            return _interrupted(argv)
         if args.verbose:
             traceback.print_exc()
         print(f"deploytool: error: {e}", file=sys.stderr)
@@ -738,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except Exception as e:  # a bug: say so in one line, with the traceback under --verbose
-        if _during_interrupt(e):  # a clean-up (worker pools, locks) that failed after Ctrl-C
+        if ctrl_c.hit or _during_interrupt(e):  # Ctrl-C turned into an error inside TVM, or a clean-up
+            # (worker pools, locks) that failed after it
             print("deploytool: interrupted", file=sys.stderr)
             return _interrupted(argv)
         if args.verbose:

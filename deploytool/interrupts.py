@@ -59,6 +59,32 @@ class Deferred:
             self._old = None
 
 
+class Noted:
+    """Context manager for a whole command: Ctrl-C raises KeyboardInterrupt as usual, and is noted
+    (``hit``), so that an error a KeyboardInterrupt became inside TVM (a RuntimeError from its FFI)
+    still reads as the interrupt. Like :class:`Deferred`, only in the main thread with SIGINT not
+    ignored."""
+
+    def __init__(self):
+        self.hit = False
+        self._old = None
+
+    def _handler(self, signum, frame):
+        self.hit = True
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> "Noted":
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+                signal.SIG_IGN, None):
+            self._old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+
 def _say(line: str) -> None:
     # the handler may interrupt a write to stderr (the progress line): a second write into the same
     # buffered stream raises "reentrant call"; the raw fd does not care

@@ -539,6 +539,11 @@ def test_ctrl_c_inside_tvm_is_deferred_not_lost():
         with pytest.raises(KeyboardInterrupt):
             d.check()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with interrupts.Noted() as noted:  # every command: the error it became still reads as Ctrl-C
+        with pytest.raises(Exception):
+            apply(tvm_ffi.convert(callback))
+        assert noted.hit
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_a_starting_worker_ignores_ctrl_c(tmp_path):
