@@ -229,29 +229,38 @@ def test_leaky_relu_fuses_into_the_convolution(tmp_path):
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
-def test_a_convolution_without_padding_reads_its_input_in_place(tmp_path):
-    """Legalization gives every convolution a padding stage, a plain copy of the input where it
-    pads nothing (a 1x1): the default schedule reads the input in place (that copy was a pass over
-    MobileNetV2's activations before each of its 1x1 convolutions), and keeps a real padding
-    stage (a 3x3 with padding 1) as its own stage. The numbers match onnxruntime."""
+def _conv_chain(tmp_path, name: str, channels: int, size: int, layers: list) -> tuple:
+    """A chain of convolutions on a [1, channels, size, size] input, each layer (out channels,
+    kernel size, weight scale), padded to keep the size; scheduled by the x86-avx2 defaults.
+    Returns the .onnx path and {kernel name: its TIR script} of the convolutions."""
     import numpy as np
     from onnx import TensorProto, helper, numpy_helper
 
     from deploytool import frontend, pipeline, targets
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.3, (32, 16, 1, 1)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(0, 0.3, (16, 32, 3, 3)).astype(np.float32), "w3")]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
-             helper.make_node("Conv", ["c1", "w3"], ["y"], pads=[1, 1, 1, 1])]
-    g = helper.make_graph(nodes, "pads", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 14, 14])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 14, 14])], inits)
-    src = tmp_path / "pads.onnx"
+    inits, nodes, c, x = [], [], channels, "x"
+    for i, (out, k, scale) in enumerate(layers):
+        inits.append(numpy_helper.from_array(rng.normal(0, scale, (out, c, k, k)).astype(np.float32), f"w{i}"))
+        y = "y" if i == len(layers) - 1 else f"c{i}"
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [y], pads=[k // 2] * 4))
+        c, x = out, y
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, channels, size, size])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, size, size])], inits)
+    src = tmp_path / f"{name}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
     target = targets.load("x86-avx2")
     mod = pipeline.schedule(pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, target), target),
                             target)
-    kernels = {gv.name_hint: f.script() for gv, f in mod.functions.items() if "conv2d" in gv.name_hint}
+    return src, {gv.name_hint: f.script() for gv, f in mod.functions.items() if "conv2d" in gv.name_hint}
+
+
+def test_a_convolution_without_padding_reads_its_input_in_place(tmp_path):
+    """Legalization gives every convolution a padding stage, a plain copy of the input where it
+    pads nothing (a 1x1): the default schedule reads the input in place (that copy was a pass over
+    MobileNetV2's activations before each of its 1x1 convolutions), and keeps a real padding
+    stage (a 3x3 with padding 1) as its own stage. The numbers match onnxruntime."""
+    src, kernels = _conv_chain(tmp_path, "pads", 16, 14, [(32, 1, 0.3), (16, 3, 0.3)])
     assert len(kernels) == 2, list(kernels)
     one, three = (kernels[k] for k in sorted(kernels))  # conv2d (the 1x1), conv2d1 (the 3x3)
     assert "pad_temp" not in one and "pad_temp" in three, (one, three)
@@ -266,26 +275,8 @@ def test_many_row_tiles_read_their_input_at_a_stride_that_spreads_the_l1_sets(tm
     of its speed). The default schedule gives the input a stage whose pixel stride is one cache
     line longer: a copy for the 1x1, the padding stage it already has for the 3x3. The numbers
     match onnxruntime."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    from deploytool import frontend, pipeline, targets
-
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(0, 0.05, (512, 1024, 1, 1)).astype(np.float32), "w1"),
-             numpy_helper.from_array(rng.normal(0, 0.05, (16, 512, 3, 3)).astype(np.float32), "w3"),
-             numpy_helper.from_array(rng.normal(0, 0.05, (16, 16, 1, 1)).astype(np.float32), "w4")]
-    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]),
-             helper.make_node("Conv", ["c1", "w3"], ["c3"], pads=[1, 1, 1, 1]),
-             helper.make_node("Conv", ["c3", "w4"], ["y"])]  # 16 channels: 64 B a pixel, nothing to spread
-    g = helper.make_graph(nodes, "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024, 13, 13])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 13, 13])], inits)
-    src = tmp_path / "rows.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
-    target = targets.load("x86-avx2")
-    mod = pipeline.schedule(pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, target), target),
-                            target)
-    kernels = {gv.name_hint: f.script() for gv, f in mod.functions.items() if "conv2d" in gv.name_hint}
+    # the last: 16 channels, 64 B a pixel, nothing to spread
+    src, kernels = _conv_chain(tmp_path, "rows", 1024, 13, [(512, 1, 0.05), (16, 3, 0.05), (16, 1, 0.05)])
     assert len(kernels) == 3, list(kernels)
     one, three, last = (kernels[k] for k in sorted(kernels))  # conv2d, conv2d1, conv2d2
     # [buffer, axis (the width), factor, offset]: the pixel stride becomes 1,024 + 16 and 512 + 16
