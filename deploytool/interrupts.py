@@ -23,14 +23,38 @@ import sys
 import threading
 
 
-class Deferred:
-    """Context manager: defer Ctrl-C to :meth:`check`. Outside the main thread, or with SIGINT
-    ignored (a background job of a script), it changes nothing. Nested use reuses the outer one."""
+class _SigintHandler:
+    """Context manager installing ``self._handler`` for SIGINT while active: only in the main
+    thread, and not where SIGINT is ignored (a background job of a script: nothing changes)."""
 
-    def __init__(self, message: str = "stopping after the step in flight (Ctrl-C again: at once)"):
-        self.message = message
+    def __init__(self):
         self.hit = False
         self._old = None
+
+    def _handler(self, signum, frame):
+        raise NotImplementedError
+
+    def _install(self) -> None:
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+                signal.SIG_IGN, None):
+            self._old = signal.signal(signal.SIGINT, self._handler)
+
+    def __enter__(self):
+        self._install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+            self._old = None
+
+
+class Deferred(_SigintHandler):
+    """Defer Ctrl-C to :meth:`check`. Nested use shares the outer one's flag."""
+
+    def __init__(self, message: str = "stopping after the step in flight (Ctrl-C again: at once)"):
+        super().__init__()
+        self.message = message
 
     def _handler(self, signum, frame):
         if self.hit:
@@ -45,44 +69,21 @@ class Deferred:
             raise KeyboardInterrupt
 
     def __enter__(self) -> "Deferred":
-        if threading.current_thread() is threading.main_thread():
-            cur = signal.getsignal(signal.SIGINT)
-            if isinstance(getattr(cur, "__self__", None), Deferred):
-                return cur.__self__  # an outer one is active: share its flag
-            if cur not in (signal.SIG_IGN, None):
-                self._old = signal.signal(signal.SIGINT, self._handler)
+        outer = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+        if isinstance(outer, Deferred):
+            return outer  # an outer one is active: share its flag (this one's exit changes nothing)
+        self._install()
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
 
-
-class Noted:
-    """Context manager for a whole command: Ctrl-C raises KeyboardInterrupt as usual, and is noted
-    (``hit``), so that an error a KeyboardInterrupt became inside TVM (a RuntimeError from its FFI)
-    still reads as the interrupt. Like :class:`Deferred`, only in the main thread with SIGINT not
-    ignored."""
-
-    def __init__(self):
-        self.hit = False
-        self._old = None
+class Noted(_SigintHandler):
+    """For a whole command: Ctrl-C raises KeyboardInterrupt as usual, and is noted (``hit``), so
+    that an error a KeyboardInterrupt became inside TVM (a RuntimeError from its FFI) still reads
+    as the interrupt."""
 
     def _handler(self, signum, frame):
         self.hit = True
         raise KeyboardInterrupt
-
-    def __enter__(self) -> "Noted":
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
-                signal.SIG_IGN, None):
-            self._old = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
-            self._old = None
 
 
 def _say(line: str) -> None:
