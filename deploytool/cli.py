@@ -713,9 +713,10 @@ def _during_interrupt(e: BaseException) -> bool:
 
 
 def _interrupted(argv) -> int:
-    """Exit code 130 after Ctrl-C. Run as the program (``argv`` None), leave at once: Python's exit
-    handlers join the worker pools' threads, which can block or print tracebacks once the workers
-    are killed (deploytool.interrupts.exit_interrupted)."""
+    """Say so and give exit code 130 after Ctrl-C. Run as the program (``argv`` None), leave at
+    once: Python's exit handlers join the worker pools' threads, which can block or print
+    tracebacks once the workers are killed (deploytool.interrupts.exit_interrupted)."""
+    print("deploytool: interrupted", file=sys.stderr)
     if argv is None:
         interrupts.exit_interrupted(130)
     return 130
@@ -733,14 +734,12 @@ def _run(args, argv, ctrl_c) -> int:
         return args.fn(args)
     except DeploytoolError as e:
         if ctrl_c.hit:  # e.g. a build that failed because Ctrl-C became an error inside TVM
-            print("deploytool: interrupted", file=sys.stderr)
             return _interrupted(argv)
         if args.verbose:
             traceback.print_exc()
         print(f"deploytool: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("deploytool: interrupted", file=sys.stderr)
         return _interrupted(argv)
     except BrokenPipeError:  # e.g. `deploytool logs show LOG | head`
         sys.stderr.close()
@@ -748,7 +747,6 @@ def _run(args, argv, ctrl_c) -> int:
     except Exception as e:  # a bug: say so in one line, with the traceback under --verbose
         if ctrl_c.hit or _during_interrupt(e):  # Ctrl-C turned into an error inside TVM, or a clean-up
             # (worker pools, locks) that failed after it
-            print("deploytool: interrupted", file=sys.stderr)
             return _interrupted(argv)
         if args.verbose:
             traceback.print_exc()

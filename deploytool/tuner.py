@@ -253,8 +253,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         measured[cand_hash] = r
         return r
 
-    guard = Deferred("stopping after the round in flight (Ctrl-C again: at once)")
-    interrupt = guard.__enter__()  # api.tune's when it is active: one flag for the whole command
+    guard = Deferred()  # for callers other than api.tune, which has one active already
+    interrupt = guard.__enter__()  # then this is api.tune's: one flag for the whole command
     try:
         # ---- 1. the default schedule of every task is the first record to beat; measured again
         # when the default rules changed since the log was written (a new candidate)

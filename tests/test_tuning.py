@@ -546,7 +546,7 @@ def test_ctrl_c_inside_tvm_is_deferred_not_lost():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_a_starting_worker_ignores_ctrl_c(tmp_path):
+def test_a_starting_worker_ignores_ctrl_c():
     """A worker hit by the terminal's Ctrl-C while it starts (before its initializer runs) died with
     a KeyboardInterrupt traceback. Started under interrupts.sigint_blocked it keeps the signal
     pending until interrupts.ignore_in_worker drops it."""
