@@ -498,7 +498,7 @@ FIRST_ROUND_PRETRAINED = 4  # a pretrained model's top picks per kernel before a
 
 
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
-         trials_per_task: int | None = None, batch: int | None = None, early_stop: int | None = None,
+         trials_per_task: int | None = None, more: int | None = None, batch: int | None = None, early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
          split_k: bool = True, winograd: bool = False, cublas: bool = False, cudnn: bool = False,
@@ -507,6 +507,10 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
+    Budgets: ``trials`` is the total over all kernels and ``trials_per_task`` each kernel's, both
+    counting the log's trials that still count here (timed by this machine, this boot, today's
+    settings), so a rerun finishes the same budget. ``more``: instead, this many new trials, each
+    kernel taking up to ``trials_per_task`` more than the log has (extending a log).
     ``cost_model``: "pretrained" (the target family's model in cost_model/pretrained, fine-tuned
     with this run's measurements; from scratch when the family has none), "none", a file, or
     "metaschedule" (MetaSchedule's own XGBModel from scratch: the baseline for comparisons) or
@@ -538,6 +542,10 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(trials is None or trials >= 0, "--trials", trials, "a number of trials >= 0")
     _require(trials_per_task is None or trials_per_task >= 1, "--trials-per-task", trials_per_task,
              "a number of trials >= 1")
+    _require(more is None or more >= 1, "--more", more, "a number of new trials >= 1")
+    if more is not None and trials is not None:
+        raise InputError("--more N and --trials N are two ways to set the budget",
+                         "pass one: --trials for the total including the log's trials, --more for new ones")
     _require(batch is None or batch >= 1, "--batch", batch, "a batch size >= 1")
     _require(early_stop is None or early_stop >= 0, "--early-stop", early_stop, "0 (off) or a number of trials")
     _require(workers is None or workers >= 1, "--workers", workers, "a number of build workers >= 1")
@@ -613,7 +621,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                     "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
                     f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
                     else "learned from scratch"))
-        opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, batch=batch, early_stop=early_stop,
+        opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, more=more, batch=batch, early_stop=early_stop,
                            seed=seed, workers=workers, device=spec, progress=progress,
                            measure=dataclasses.replace(measure or MeasureSettings(),
                                                        **({"threads": threads} if threads else {})),

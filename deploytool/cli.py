@@ -269,7 +269,7 @@ def cmd_tune(args) -> int:
     prog = _Progress(args.quiet)
     measure = MeasureSettings(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, cache_flush=args.cache_flush)
     r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
-                 trials_per_task=args.trials_per_task, batch=args.batch, early_stop=args.early_stop,
+                 trials_per_task=args.trials_per_task, more=args.more, batch=args.batch, early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
@@ -528,8 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="x86", help="target preset (default: x86, this machine)")
     s.add_argument("-o", "--output", help="tuning log (.jsonl) to append to; default MODEL-TARGET.jsonl. "
                    "Rerunning with the same log resumes")
-    s.add_argument("--trials", type=int, help="total search trials over all kernels (default: per task x kernels)")
-    s.add_argument("--trials-per-task", type=int, help="search trials per kernel (default: 64 on CPUs)")
+    s.add_argument("--trials", type=int, help="total search trials over all kernels, the log's included "
+                   "(default: per task x kernels)")
+    s.add_argument("--trials-per-task", type=int, help="search trials per kernel, the log's included (default: 64 "
+                   "on CPUs; with --more: per kernel beyond the log's)")
+    s.add_argument("--more", type=int, metavar="N", help="extend the log: N new search trials, whatever it holds "
+                   "(instead of --trials)")
     s.add_argument("--batch", type=int, help="candidates per round (default: 16)")
     s.add_argument("--early-stop", type=int, help="after this many trials without a 1%% gain, restart a kernel's "
                    "search once from its best records, and stop it at the second stall (default: 48; 0: never)")

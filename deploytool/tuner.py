@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 class TuneOptions:
     trials: int | None = None            # total search trials over all tasks (None: per task x tasks)
     trials_per_task: int | None = None   # None: the target family's default (schedules.space)
+    # this many new search trials (not with ``trials``): the log's trials that count here are
+    # kept and each kernel may take ``trials_per_task`` more than it has
+    more: int | None = None
     batch: int | None = None             # candidates per round
     early_stop: int | None = None        # stop a task after this many trials without a 1% gain (0: never)
     seed: int = 0
@@ -67,6 +70,7 @@ class TaskState:
     default_s: float = math.inf          # the untuned (default schedule) latency
     best_s: float = math.inf
     trials: int = 0                      # search records in the log (this run and earlier ones)
+    cap: int = 0                         # the trials (log's and this run's) at which it stops: its budget
     new_trials: int = 0                  # measured by this run
     cached: int = 0                      # proposed again, answered from the log
     rounds: int = 0
@@ -290,12 +294,17 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         # (a longer earlier run) leaves the others theirs (it took them all: a resume of YOLOv3-tiny's
         # log with --kernels 'fused_conv2d*' --trials-per-task 80 ran 0 trials, three of its 13
         # convolutions having 208)
-        if opts.trials is not None:
+        # With --more N, N new trials: each kernel's cap is what it has plus --trials-per-task
+        for st in states:
+            st.cap = per_task + (st.trials if opts.more is not None else 0)
+        if opts.more is not None:
+            budget_left = opts.more
+        elif opts.trials is not None:
             budget_left = max(0, opts.trials - sum(st.trials for st in states))
         else:
-            budget_left = sum(max(0, per_task - st.trials) for st in states)
+            budget_left = sum(max(0, st.cap - st.trials) for st in states)
         for st in states:
-            if st.trials >= per_task:
+            if st.trials >= st.cap:
                 st.done = "budget"
         if budget_left == 0 or all(st.done for st in states):
             for st in states:
@@ -339,7 +348,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             if all(len(sp.trace.decisions) == 0 for sp in spaces):
                 fixed[st.workload] = _postprocessed(ctx, spaces)
                 return
-            ctx.pre_tuning(max_trials=max(per_task - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
+            ctx.pre_tuning(max_trials=max(st.cap - st.trials, 1) + 4 * batch, num_trials_per_iter=batch,
                            design_spaces=spaces, database=db(st), cost_model=cost_model)
             db(st).commit_workload(wmods[st.workload])
 
@@ -451,7 +460,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 if h not in measured and h not in seen:
                     seen.add(h)
                     fresh.append(j)
-            fresh = fresh[: max(0, min(budget_left - done_new, per_task - st.trials))]
+            fresh = fresh[: max(0, min(budget_left - done_new, st.cap - st.trials))]
             if st.rounds == 0 and opts.first_round:
                 fresh = fresh[: opts.first_round]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
@@ -491,7 +500,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.empty_rounds += 1
             st.rounds += 1
             st.round_best.append(st.best_s)
-            if st.trials >= per_task:
+            if st.trials >= st.cap:
                 st.done = "budget"
             elif early and st.since_gain >= early and whole is None and st.restarts < 1:
                 restart(st)
@@ -505,7 +514,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             run_curve.append((done_new, _estimate(states, "best_s")))
             if on_progress is not None:
                 elapsed = time.perf_counter() - loop_t0
-                left = min(budget_left - done_new, sum(max(0, per_task - s.trials) for s in states if not s.done))
+                left = min(budget_left - done_new, sum(max(0, s.cap - s.trials) for s in states if not s.done))
                 eta = elapsed / done_new * left if done_new else None
                 on_progress(TuneProgress(tasks=states, current=states.index(st), trials_done=done_new,
                                          trials_budget=budget_left, elapsed_s=time.perf_counter() - t_start,

@@ -435,6 +435,30 @@ def test_a_kernel_tuned_past_the_budget_leaves_the_others_theirs(tiny_model, tmp
     assert all(t["new_trials"] == 0 for t in tasks if "conv2d" in t["name"]), tasks
 
 
+def test_more_extends_a_log_by_new_trials(tiny_model, tmp_path, cli):
+    """--more N measures N new trials on a log whose kernels all used up --trials-per-task (where a
+    rerun of the first command measures nothing), appending to it; with --trials it is refused."""
+    log = tmp_path / "t.jsonl"
+    tune = ("tune", tiny_model, "--target", "x86", "-o", log, "--batch", "4", "--repeat", "1", "--min-repeat-ms", "1",
+            "--trials-per-task", "4", "--json")
+    r = cli(*tune)
+    assert r.code == 0, r
+    first = log.read_bytes()
+    searched = sum(1 for x in _read(log).records if x.source == "search")
+    r = cli(*tune)
+    assert r.code == 0 and json.loads(r.out)["trials_new"] == 0, r
+    r = cli(*tune, "--more", "5")
+    assert r.code == 0, r
+    out = json.loads(r.out)
+    assert out["trials_new"] == 5, out
+    assert sum(1 for x in _read(log).records if x.source == "search") == searched + 5
+    assert log.read_bytes().startswith(first)
+    r = cli(*tune, "--more", "5", "--trials", "100")
+    assert r.code == 2 and "--more" in r.err and "--trials" in r.err, r
+    r = cli(*tune, "--more", "0")
+    assert r.code == 2 and "--more 0" in r.err, r
+
+
 def _running_with_search_records(p, log, n: int) -> list:
     """Wait until the tuning process ``p`` has logged ``n`` search records; its worker processes."""
     import psutil
