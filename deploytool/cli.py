@@ -7,6 +7,7 @@ that fails); --verbose adds the traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -729,7 +730,10 @@ def _interrupted(argv) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    with interrupts.Noted() as ctrl_c:
+    # tune runs Z3 (through TVM), which would swallow a Ctrl-C: interrupts.Watcher, entered before
+    # anything starts a thread
+    watch = interrupts.Watcher() if args.fn is cmd_tune else contextlib.nullcontext()
+    with interrupts.Noted() as ctrl_c, watch:
         return _run(args, argv, ctrl_c)
 
 

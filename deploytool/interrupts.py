@@ -8,6 +8,13 @@ MetaSchedule's search threads, it is std::terminate. So while :class:`Deferred` 
 first Ctrl-C only sets a flag and the work stops at its next ``check()``; a second one exits at
 once (tuning logs are flushed record by record, workers die with the process).
 
+Z3 (TVM's analyzer proves bounds with it, inside schedule post-processing and MetaSchedule's
+search) installs a SIGINT handler of its own for the length of each solver call, which cancels the
+solve and puts Python's back without passing the signal on: a Ctrl-C that lands there is lost (a
+tune ran on to its end; CI stop 38 and this suite under load failed ``test_ctrl_c_stops_cleanly``).
+No thread then runs a SIGINT handler at all while a :class:`Watcher` is active: SIGINT is blocked
+and a thread of ours takes it with ``sigwait``, then acts for Python's handler.
+
 Worker processes must not take the Ctrl-C that a terminal sends to the whole process group: one
 hit while starting (before its initializer could ignore SIGINT) printed a KeyboardInterrupt
 traceback, or hung in TVM's start-up and held its batch. :func:`sigint_blocked` wraps the calls
@@ -16,6 +23,7 @@ that start workers; they start with SIGINT blocked and ignore it before unblocki
 """
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
 import signal
@@ -73,7 +81,62 @@ class Deferred(_SigintHandler):
         if isinstance(outer, Deferred):
             return outer  # an outer one is active: share its flag (this one's exit changes nothing)
         self._install()
+        self._watcher = Watcher().__enter__() if self._old is not None else None
         return self
+
+    def __exit__(self, *exc) -> None:
+        if getattr(self, "_watcher", None) is not None:
+            self._watcher.__exit__(*exc)
+            self._watcher = None
+        super().__exit__(*exc)
+
+
+class Watcher:
+    """While active, SIGINT is blocked in this thread and every thread started from it, and a
+    thread of ours takes it (``sigwait``) and acts as the Python handler then installed would: a
+    :class:`Deferred`'s handler runs on that thread (the flag, or the exit at a second Ctrl-C); any
+    other handler runs in the main thread (``_thread.interrupt_main``). So no handler another
+    library installs meanwhile (Z3's, see the module's docstring) can swallow it. Threads that
+    existed before keep SIGINT unblocked: enter it before the imports that start threads (numpy's
+    BLAS pool), as ``deploytool tune`` does. Nested: an inner one does nothing. Processes started
+    meanwhile inherit SIGINT blocked (this module's workers unblock it: :func:`ignore_in_worker`)."""
+
+    def __init__(self):
+        self._thread: threading.Thread | None = None
+        self._old = None
+        self._stop = False
+
+    def __enter__(self) -> "Watcher":
+        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
+                signal.SIG_IGN, None):
+            return self
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        if signal.SIGINT in old:  # an outer one watches already
+            return self
+        self._old = old
+        self._thread = threading.Thread(target=self._take, name="deploytool-sigint", daemon=True)
+        self._thread.start()
+        return self
+
+    def _take(self) -> None:
+        while True:
+            signal.sigwait({signal.SIGINT})
+            if self._stop:
+                return
+            owner = getattr(signal.getsignal(signal.SIGINT), "__self__", None)
+            if isinstance(owner, Deferred):
+                owner._handler(signal.SIGINT, None)
+            else:
+                _thread.interrupt_main(signal.SIGINT)
+
+    def __exit__(self, *exc) -> None:
+        if self._thread is None:
+            return
+        self._stop = True
+        signal.pthread_kill(self._thread.ident, signal.SIGINT)
+        self._thread.join()
+        self._thread = None
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
 
 
 class Noted(_SigintHandler):
