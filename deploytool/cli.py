@@ -274,7 +274,7 @@ def cmd_tune(args) -> int:
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
-                 winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round,
+                 winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round, settle=args.settle,
                  kernels=args.kernels, threads=args.threads,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
@@ -546,6 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-cache-flush", dest="cache_flush", action="store_false",
                    help="time candidates with warm caches (default: CPU caches flushed before each repeat; "
                         "on GPUs the L2 flushed before each launch)")
+    s.add_argument("--settle", type=int, metavar="ROUNDS",
+                   help="at the end, time each kernel's default and 3 best candidates again side by side in this many "
+                        "interleaved rounds; they pick its best (default: 5 on this machine, 0 on boards over RPC)")
     s.add_argument("--retime-from", metavar="LOG",
                    help="first measure again the best candidates per kernel of this log (of the same target), "
                         "with this run's settings: a log moved to new measurement settings or another board")

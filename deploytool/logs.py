@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploytool.tuninglog import Record, TuningLog, TuningLogError, comparable, write_log
+from deploytool.tuninglog import SETTLE, Record, TuningLog, TuningLogError, comparable, settled, write_log
 
 
 @dataclass
@@ -59,9 +59,11 @@ def stats(tlog: TuningLog, device: str | None = None) -> LogStats:
     out = []
     for h, recs in per.items():
         w = tlog.workloads.get(h)
-        comp = comparable(recs)  # latencies as of the machine's latest boot
+        every = comparable(recs)  # latencies as of the machine's latest boot
+        comp = settled(every)  # what competes for the best: after a settle, its side-by-side times
         ok = [x for _, x in comp]
-        dflt = [x for r, x in comp if r.source == "default"]
+        defaults = {r.candidate for r in recs if r.source == "default"}
+        dflt = [x for r, x in comp if r.candidate in defaults] or [x for r, x in every if r.source == "default"]
         out.append(WorkloadStats(hash=h, name=w.name if w else "?", flops=w.flops if w else 0.0,
                                  calls=_calls(w), records=len(recs), failures=sum(1 for r in recs if not r.ok),
                                  default_s=min(dflt) if dflt else None, best_s=min(ok) if ok else None))
@@ -105,7 +107,8 @@ def merge(logs: list[TuningLog], output: str | Path) -> TuningLog:
 def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
           device: str | None = None) -> tuple[TuningLog, int]:
     """Keep the ``keep`` best valid records per workload and machine (ranked as of the machine's
-    latest boot), its default-schedule records (the baseline) and the records of candidates measured
+    latest boot), its default-schedule and settle records (the baseline; the side-by-side verdicts
+    that pick the best) and the records of candidates measured
     in several boots (what ties the boots' latencies together, see tuninglog.comparable); failures
     go. With ``device``, only that machine's records are pruned. Returns the new log and how many
     records were dropped."""
@@ -117,9 +120,9 @@ def prune(tlog: TuningLog, keep: int, output: str | Path | None = None,
         if only is not None and dev != only:
             kept += recs
             continue
-        best = [r for r, _ in sorted(comparable(recs), key=lambda p: p[1])[:keep]]
+        best = [r for r, _ in sorted(settled(comparable(recs)), key=lambda p: p[1])[:keep]]
         ids = {id(r) for r in best}
-        ids |= {id(r) for r in recs if r.source == "default" and r.ok}
+        ids |= {id(r) for r in recs if r.source in ("default", SETTLE) and r.ok}
         boots: dict[str, set] = {}
         for r in recs:
             if r.ok:
@@ -165,7 +168,7 @@ def curves(tlog: TuningLog, device: str | None = None) -> tuple[list[tuple[int, 
     calls = {h: _calls(w) for h, w in tlog.workloads.items()}
     n = 0
     for r in tlog.records:
-        if tlog.device_of(r) != dev:
+        if tlog.device_of(r) != dev or r.source == SETTLE:  # the curves are the search's
             continue
         cur = best.get(r.workload, math.inf)
         if r.ok and r.seconds < cur:

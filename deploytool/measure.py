@@ -16,6 +16,7 @@ failures and the pool is restarted.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
 import shutil
@@ -353,6 +354,41 @@ class LocalMeasurer:
         paths = [b for b in built if isinstance(b, str)]
         timed = iter(self.run(paths, [a for a, b in zip(args, built) if isinstance(b, str)]))
         return [next(timed) if isinstance(b, str) else b for b in built]
+
+    def measure_rounds(self, mods: list, args: list, groups: list, rounds: int, check=None) -> list[Outcome]:
+        """Build kernels once and time them in ``rounds`` interleaved rounds: each round times each
+        group's kernels back to back (``groups[i]``: kernel i's group), the order rotated by one a
+        round so that none always goes first. A kernel's outcome holds all its rounds' samples, or
+        the first error. ``check()`` runs before each round (Ctrl-C: see deploytool.interrupts)."""
+        mods, args = _without_prepack(mods, args)
+        built = self.build(mods)
+        failed = {i: b for i, b in enumerate(built) if not isinstance(b, str)}
+        samples: list[list[float]] = [[] for _ in built]
+        try:
+            for rnd in range(rounds):
+                if check is not None:
+                    check()
+                order = []
+                for g in dict.fromkeys(groups):
+                    idx = [i for i, x in enumerate(groups) if x == g and i not in failed]
+                    if idx:
+                        k = rnd % len(idx)
+                        order += idx[k:] + idx[:k]
+                copies = []
+                for i in order:  # run() removes what it timed
+                    copies.append(f"{built[i]}.round{rnd}.so")
+                    shutil.copyfile(built[i], copies[-1])
+                for i, out in zip(order, self.run(copies, [args[i] for i in order])):
+                    if out.error is not None:
+                        failed[i] = out
+                    else:
+                        samples[i] += out.latency_s
+        finally:
+            for b in built:
+                if isinstance(b, str):
+                    with contextlib.suppress(OSError):
+                        os.remove(b)
+        return [failed.get(i) or Outcome(latency_s=samples[i]) for i in range(len(built))]
 
     def close(self) -> None:
         self._reset("build")

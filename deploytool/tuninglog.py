@@ -5,7 +5,7 @@
     {"type": "workload", "hash": "<structural hash>", "name": "fused_conv2d_add_relu", "flops": 1.2e8,
      "args": [[[1, 56, 56, 64], "float32"], ...], "ir": "<TVM JSON of the unscheduled kernel>"}
     {"type": "record", "workload": "<hash>", "target_key": "...", "candidate": "<hash of the scheduled kernel>",
-     "source": "default" | "search", "trace": [...], "latency_s": [..] | null, "error": null | "...", "time": 1.7e9}
+     "source": "default" | "search" | "settle", "trace": [...], "latency_s": [..] | null, "error": null | "...", "time": 1.7e9}
 
 * Each workload is stored once; records point to it by hash, so one log can serve every model
   that shares the kernel on the same target.
@@ -32,6 +32,12 @@ before 2026-12-01, or --no-cache-flush), whose machine ``device_of`` names with 
 
 One machine, several boots: records carry the measuring host's boot id (``"boot"``), and latencies
 of different boots compare through the candidates measured in both (see ``comparable``).
+
+Settled records (``"source": "settle"``): at the end of a run, ``tune`` times each kernel's default
+and best few candidates again, in interleaved rounds, and logs them with one shared ``time``. On
+a noisy machine the search's best records are the luckiest of hundreds of draws, timed minutes
+apart; the settle compares the leaders side by side. From then on the kernel's best is chosen
+among that settle and the records measured after it (see ``settled``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "deploytool-tuning-log"
 VERSION = 1
+SETTLE = "settle"  # the source of records timed in a settle (see the module's docstring)
 
 
 class TuningLogError(DeploytoolError):
@@ -305,14 +312,16 @@ class TuningLog:
         return self.best_by_workload(device).get(workload)
 
     def best_by_workload(self, device: str | None = None) -> dict[str, Record]:
-        """Per workload, the record ``best`` picks. Its latency is as of its machine's latest boot
-        (see comparable): a record of an earlier boot comes back as a copy with its latency scaled."""
+        """Per workload, the record ``best`` picks: among its latest settle and the records after
+        it, where it has been settled (see ``settled``). Its latency is as of its machine's latest
+        boot (see comparable): a record of an earlier boot comes back as a copy with its latency
+        scaled."""
         prefs = [d for d in (device, self.home) if d]
         best: dict[str, tuple[int, float, int, Record]] = {}
         order = {id(r): i for i, r in enumerate(self.records)}
         for (h, d), recs in self.by_workload_and_device().items():
             rank = prefs.index(d) if d in prefs else len(prefs)
-            for r, s in comparable(recs):
+            for r, s in settled(comparable(recs)):
                 key = (rank, s, order[id(r)])
                 cur = best.get(h)
                 if cur is None or key < cur[:3]:
@@ -356,6 +365,19 @@ def comparable(recs: list[Record]) -> list[tuple[Record, float]]:
                 out.append((r, s))
         latest.update(seen)
     return out
+
+
+def settled(pairs: list[tuple[Record, float]]) -> list[tuple[Record, float]]:
+    """The (record, latency) pairs of one machine's workload (``comparable``'s) that compete for
+    its best. Where the workload was settled, its latest settle's records and the records measured
+    after it: the settle re-timed the leaders of everything before it side by side, so their older
+    (luckier) records no longer count. Records after it come from a run stopped before its own
+    settle. Without a settle, all of them."""
+    times = [r.time for r, _ in pairs if r.source == SETTLE]
+    if not times:
+        return pairs
+    last = max(times)
+    return [(r, s) for r, s in pairs if (r.time == last if r.source == SETTLE else r.time > last)]
 
 
 def _short(key: str) -> str:

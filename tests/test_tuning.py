@@ -53,16 +53,26 @@ def test_log_layout(tuned):
         assert sum(1 for x in mine if x["source"] == "default") == 1  # the baseline is measured first
         assert mine[0]["source"] == "default"
     assert all(x["target_key"] == lines[0]["target_key"] for x in recs)
-    # every candidate of a workload was measured once
-    cands = [(x["workload"], x["candidate"]) for x in recs]
+    # every candidate of a workload was measured once by the search
+    cands = [(x["workload"], x["candidate"]) for x in recs if x["source"] != "settle"]
     assert len(cands) == len(set(cands))
+    # then the settle: the leaders of each kernel with more than one candidate, again, side by side
+    # (2 repeats a round, 5 rounds), at one shared time, after everything else
+    settle = [x for x in recs if x["source"] == "settle"]
+    assert settle and recs[-len(settle):] == settle
+    assert len({x["time"] for x in settle}) == 1
+    for x in settle:
+        assert (x["workload"], x["candidate"]) in set(cands) and len(x["latency_s"]) == 10
+    for t in summary["tasks"]:
+        n = sum(1 for x in settle if x["workload"] == t["workload"])
+        assert t["settled"] == n and (n == 0 or 2 <= n <= 5), t
     # a kernel whose design spaces take no decision (a transpose, a sigmoid) is measured whole, not
     # searched: each of its candidates once, the default among them
     whole = {t["workload"]: t for t in summary["tasks"] if t["done"].startswith("search space measured")}
     assert {t["name"] for t in whole.values()} >= {"transpose", "fast_sigmoid"}, summary["tasks"]
     for h, t in whole.items():
         n = int(t["done"].split("(")[1].split()[0])
-        assert 1 <= sum(1 for x in recs if x["workload"] == h) <= n + 1   # + the default, if it differs
+        assert 1 <= sum(1 for x in recs if x["workload"] == h and x["source"] != "settle") <= n + 1  # + the default
 
 
 @_TUNED
@@ -217,7 +227,7 @@ def test_merge_and_prune_keep_best(tuned, tmp_path, cli):
     p = _read(merged)
     assert {h: r.seconds for h, r in p.best_by_workload().items()} == best
     for _h, recs in p.by_workload().items():
-        assert len([x for x in recs if x.source != "default"]) <= 1
+        assert len([x for x in recs if x.source not in ("default", "settle")]) <= 1
     # logs of different targets do not merge
     hdr = dict(tlog.header, target_key='{"kind":"llvm","mcpu":"haswell"}')
     c = tmp_path / "c.jsonl"
@@ -274,8 +284,8 @@ def test_retime_measures_the_best_of_another_log_again(tuned, tiny_model, tmp_pa
     new = _read(out)
     assert new.header["measure"]["cache_flush"] is False
     for wl, recs in src.by_workload().items():
-        top = sorted((x for x in recs if x.ok and x.source != "default"), key=lambda x: x.seconds)[:2]
-        mine = [x for x in new.by_workload()[wl] if x.source != "default"]
+        top = sorted((x for x in recs if x.ok and x.source == "search"), key=lambda x: x.seconds)[:2]
+        mine = [x for x in new.by_workload()[wl] if x.source == "search"]
         assert sorted(x.candidate for x in mine) == sorted(x.candidate for x in top)
         assert all(x.ok for x in mine)
     r = cli("tune", tiny_model, "--target", "x86", "-o", out, "--retime-from", tmp_path / "none.jsonl", "-q")
@@ -323,8 +333,8 @@ def test_log_of_another_machine(tuned, tiny_model, tmp_path, cli):
         theirs = [x for x in src[wl] if two.device_of(x) == other]
         ours = [x for x in src[wl] if two.device_of(x) == here]
         assert sum(1 for x in ours if x.source == "default") == 1  # the baseline measured again here
-        top = sorted((x for x in theirs if x.ok and x.source != "default"), key=lambda x: x.seconds)[:2]
-        assert sorted(x.candidate for x in ours if x.source != "default") == sorted(x.candidate for x in top)
+        top = sorted((x for x in theirs if x.ok and x.source == "search"), key=lambda x: x.seconds)[:2]
+        assert sorted(x.candidate for x in ours if x.source == "search") == sorted(x.candidate for x in top)
         counts[wl] = len(ours)
     assert all(two.device_of(x) == here for x in two.best_by_workload(here).values())
     assert all(two.device_of(x) == other for x in two.best_by_workload().values())  # the header's machine
@@ -511,7 +521,7 @@ def test_a_stalled_kernel_restarts_its_search_once_then_stops(tmp_path, tiny_mod
         assert t["restarts"] == 1 and 4 <= t["trials"] < 8, t   # two stalls of at least 2 trials each
     assert all(t["restarts"] == 0 for t in tasks if t["done"].startswith("search space measured"))
     recs = [json.loads(x) for x in log.read_text().splitlines()[1:] if '"record"' in x]
-    cands = [(x["workload"], x["candidate"]) for x in recs]
+    cands = [(x["workload"], x["candidate"]) for x in recs if x["source"] != "settle"]
     assert len(cands) == len(set(cands))
 
 
@@ -670,7 +680,7 @@ def test_kill9_resumes(tmp_path, tiny_model):
     assert summary["resumed_records"] >= n_before
     after = _read(log)
     assert after.skipped == 1
-    cands = [(x.workload, x.candidate) for x in after.records]
+    cands = [(x.workload, x.candidate) for x in after.records if x.source != "settle"]
     assert len(cands) == len(set(cands)), "a candidate was measured twice"
     for t in summary["tasks"]:
         assert t["trials"] >= 8 or t["done"] != "budget", t
@@ -782,6 +792,83 @@ def test_compressed_logs_read_merge_and_refuse_appends(tmp_path, cli):
     here = targets.portable_preset() or "x86"  # a target this machine can time
     assert_one_line_error(cli("tune", model, "--target", here, "-o", gz), "cannot append to the compressed",
                           "gunzip -k")
+
+
+def test_a_settle_picks_the_best_among_its_leaders(tmp_path, cli):
+    """After a settle, a kernel's best is the settle's fastest, not the luckiest search record; a
+    record measured after the settle competes with it (a run stopped before its own settle);
+    logs show and prune rank as compile does, and prune keeps the settle."""
+    import dataclasses
+
+    from deploytool.tuninglog import TuningLog, write_log
+
+    src = TuningLog.read(SHIPPED)
+    wl = next(iter(src.workloads))
+    proto = next(r for r in src.records if r.workload == wl and r.ok and src.device_of(r) == src.home)
+
+    def rec(cand, ms, t, source="search"):
+        return dataclasses.replace(proto, candidate=cand, latency_s=[ms * 1e-3] * 3, time=t, source=source,
+                                   device=None, boot="b00t")
+
+    search = [rec("dflt", 2.0, 1, "default"), rec("c1", 1.0, 2), rec("c2", 1.1, 3), rec("c3", 1.2, 4),
+              rec("c4", 1.3, 5)]
+    settle = [rec("dflt", 1.5, 10, "settle"), rec("c1", 1.6, 10, "settle"), rec("c2", 1.4, 10, "settle"),
+              rec("c3", 1.7, 10, "settle")]
+    log = tmp_path / "settled.jsonl"
+    write_log(log, src.header, [src.workloads[wl]], search + settle)
+    one = TuningLog.read(log)
+    best = one.best_by_workload()[wl]
+    assert best.candidate == "c2" and best.source == "settle" and best.seconds == pytest.approx(1.4e-3)
+    r = cli("logs", "show", log, "--json")
+    assert r.code == 0, r
+    row = json.loads(r.out)["workloads"][0]
+    assert row["best_s"] == pytest.approx(1.4e-3) and row["default_s"] == pytest.approx(1.5e-3)
+    out = tmp_path / "pruned.jsonl"
+    assert cli("logs", "prune", log, "--keep", "1", "-o", out).code == 0
+    kept = TuningLog.read(out)
+    assert sorted((x.candidate, x.source) for x in kept.records) == sorted(
+        [("dflt", "default"), *((x.candidate, "settle") for x in settle)])
+    assert kept.best_by_workload()[wl].candidate == "c2"
+    # measured after the settle: slower than its winner, then faster
+    write_log(log, src.header, [src.workloads[wl]], search + settle + [rec("c5", 1.45, 20)])
+    assert TuningLog.read(log).best_by_workload()[wl].candidate == "c2"
+    write_log(log, src.header, [src.workloads[wl]], search + settle + [rec("c5", 1.45, 20), rec("c6", 1.3, 21)])
+    assert TuningLog.read(log).best_by_workload()[wl].candidate == "c6"
+    # a second settle replaces the first
+    again = [rec("c2", 1.5, 30, "settle"), rec("c6", 1.6, 30, "settle"), rec("dflt", 1.55, 30, "settle")]
+    write_log(log, src.header, [src.workloads[wl]], search + settle + [rec("c6", 1.3, 21)] + again)
+    assert TuningLog.read(log).best_by_workload()[wl].candidate == "c2"
+
+
+def test_rerun_settles_nothing_more_extends_and_settles(tiny_model, tmp_path, cli):
+    """The settle at the end of tune: the summary's best per kernel is the settle's (what compile
+    picks); rerunning the finished command settles nothing; --settle 0 turns it off."""
+    log = tmp_path / "t.jsonl"
+    tune = ("tune", tiny_model, "--target", "x86", "-o", log, "--batch", "4", "--repeat", "1", "--min-repeat-ms", "1",
+            "--trials-per-task", "3", "--json")
+    r = cli(*tune, "--settle", "3")
+    assert r.code == 0, r
+    out = json.loads(r.out)
+    tlog = _read(log)
+    settle = [x for x in tlog.records if x.source == "settle"]
+    assert settle and all(len(x.latency_s) == 3 for x in settle)
+    best = tlog.best_by_workload()
+    for t in out["tasks"]:
+        assert t["best_s"] == pytest.approx(best[t["workload"]].seconds)
+        if t["settled"]:
+            assert best[t["workload"]].source == "settle"
+    size = log.stat().st_size
+    r = cli(*tune, "--settle", "3")
+    assert r.code == 0 and json.loads(r.out)["trials_new"] == 0, r
+    assert log.stat().st_size == size and all(t["settled"] == 0 for t in json.loads(r.out)["tasks"])
+    assert [t["best_s"] for t in json.loads(r.out)["tasks"]] == [t["best_s"] for t in out["tasks"]]
+    off = tmp_path / "off.jsonl"
+    r = cli("tune", tiny_model, "--target", "x86", "-o", off, "--batch", "4", "--repeat", "1", "--min-repeat-ms", "1",
+            "--trials-per-task", "2", "--settle", "0", "-q")
+    assert r.code == 0, r
+    assert not [x for x in _read(off).records if x.source == "settle"]
+    r = cli(*tune, "--settle", "-1")
+    assert r.code == 2 and "--settle -1" in r.err, r
 
 
 def test_latencies_of_two_boots_compare_through_the_candidates_timed_in_both(tmp_path, cli):
