@@ -66,8 +66,8 @@ class TuneOptions:
     settle: int | None = None
 
 
-# The settle (see the module's docstring): each kernel's default, its SETTLE_TOP best candidates
-# and its last settle's winner, timed in SETTLE_ROUNDS interleaved rounds. Why: on a noisy VM a
+# The settle (see the module's docstring and _settle): each kernel's default, its SETTLE_TOP best
+# candidates and a few more, timed in SETTLE_ROUNDS interleaved rounds. Why: on a noisy VM a
 # search's best record is the luckiest of hundreds of timings minutes apart. YOLOv3-tiny's shipped
 # x86-avx2 log, its 12 convolutions re-timed this way (2-core Zen 3, 5 rounds): the per-kernel
 # winners sum to 0.946x the kernels the log picked (33.4 vs 35.3 ms); the 13x13 3x3 convolution's
@@ -618,9 +618,10 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
     the default schedule, the SETTLE_TOP best candidates by their search-time latency, the log's
     pick when this run started (``incumbents``: it may come from an earlier boot, whose records the
     settle retires), the last settle's winner, and any candidate measured since that settle whose
-    latency beats the winner's there (which the log's best would otherwise pick: tuninglog.settled). A kernel whose leaders are
-    the ones its last settle timed is skipped (rerunning a finished command settles nothing). Each
-    kernel's best_s and default_s become its settle's, this one's or the last one's."""
+    latency beats the winner's there (which the log's best would otherwise pick: tuninglog.settled).
+    A kernel whose leaders its last settle all timed is skipped (rerunning a finished command
+    settles nothing). Each kernel's best_s and default_s become its settle's, this one's or
+    the last one's."""
     jobs = []
     for st in states:
         lat = raw.get(st.workload, {})
@@ -635,7 +636,7 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
         if win is not None:
             leaders |= {c for c, (x, when) in lat.items() if when > prev_t and x < prev[win]}
         leaders = sorted(c for c in leaders if c in traces)
-        if len(leaders) < 2 or set(leaders) == set(prev):
+        if len(leaders) < 2 or set(leaders) <= set(prev):  # nothing its last settle did not time
             continue
         for c in leaders:
             try:
