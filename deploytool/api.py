@@ -498,7 +498,8 @@ FIRST_ROUND_PRETRAINED = 4  # a pretrained model's top picks per kernel before a
 
 
 def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = None, trials: int | None = None,
-         trials_per_task: int | None = None, more: int | None = None, batch: int | None = None, early_stop: int | None = None,
+         trials_per_task: int | None = None, more: int | None = None, batch: int | None = None,
+         early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
          split_k: bool = True, winograd: bool = False, cublas: bool = False, cudnn: bool = False,
@@ -625,7 +626,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                     "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
                     f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
                     else "learned from scratch"))
-        opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, more=more, batch=batch, early_stop=early_stop,
+        opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, more=more, batch=batch,
+                           early_stop=early_stop,
                            seed=seed, workers=workers, device=spec, progress=progress,
                            measure=dataclasses.replace(measure or MeasureSettings(),
                                                        **({"threads": threads} if threads else {})),

@@ -270,11 +270,13 @@ def cmd_tune(args) -> int:
     prog = _Progress(args.quiet)
     measure = MeasureSettings(repeat=args.repeat, min_repeat_ms=args.min_repeat_ms, cache_flush=args.cache_flush)
     r = api.tune(args.model, target=args.target, output=args.output, trials=args.trials,
-                 trials_per_task=args.trials_per_task, more=args.more, batch=args.batch, early_stop=args.early_stop,
+                 trials_per_task=args.trials_per_task, more=args.more, batch=args.batch,
+                 early_stop=args.early_stop,
                  input_shapes=args.input_shape, seed=args.seed, workers=args.workers, measure=measure,
                  device=_device_arg(args), dtype=args.dtype, cost_model=args.cost_model,
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
-                 winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round, settle=args.settle,
+                 winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round,
+                 settle=args.settle,
                  kernels=args.kernels, threads=args.threads,
                  on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:

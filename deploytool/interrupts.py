@@ -31,6 +31,12 @@ import sys
 import threading
 
 
+def _python_takes_sigint() -> bool:
+    """In the main thread, where SIGINT is not ignored (a background job of a script ignores it)."""
+    return threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
+        signal.SIG_IGN, None)
+
+
 class _SigintHandler:
     """Context manager installing ``self._handler`` for SIGINT while active: only in the main
     thread, and not where SIGINT is ignored (a background job of a script: nothing changes)."""
@@ -43,8 +49,7 @@ class _SigintHandler:
         raise NotImplementedError
 
     def _install(self) -> None:
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) not in (
-                signal.SIG_IGN, None):
+        if _python_takes_sigint():
             self._old = signal.signal(signal.SIGINT, self._handler)
 
     def __enter__(self):
@@ -63,6 +68,7 @@ class Deferred(_SigintHandler):
     def __init__(self, message: str = "stopping after the step in flight (Ctrl-C again: at once)"):
         super().__init__()
         self.message = message
+        self._watcher: Watcher | None = None
 
     def _handler(self, signum, frame):
         if self.hit:
@@ -85,7 +91,7 @@ class Deferred(_SigintHandler):
         return self
 
     def __exit__(self, *exc) -> None:
-        if getattr(self, "_watcher", None) is not None:
+        if self._watcher is not None:
             self._watcher.__exit__(*exc)
             self._watcher = None
         super().__exit__(*exc)
@@ -107,8 +113,7 @@ class Watcher:
         self._stop = False
 
     def __enter__(self) -> "Watcher":
-        if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) in (
-                signal.SIG_IGN, None):
+        if not _python_takes_sigint():
             return self
         old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         if signal.SIGINT in old:  # an outer one watches already
