@@ -30,8 +30,8 @@ from typing import Any, Callable
 from deploytool.interrupts import Deferred
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, tuning_module
-from deploytool.tuninglog import (SETTLE, LogWriter, Record, TuningLog, TuningLogError, Workload, device_name,
-                                  make_header, this_boot, timed_name, to_py)
+from deploytool.tuninglog import (SETTLE, LogWriter, Record, TuningLog, TuningLogError, Workload, comparable,
+                                  device_name, make_header, settled, this_boot, timed_name, to_py)
 
 log = logging.getLogger(__name__)
 
@@ -326,7 +326,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         for src in (foreign, retime_src):
             interrupt.check()
             if src is not None:
-                n += _retime(src, opts.retime_top, states, wmods, measured, measurer, record)
+                n += _retime(src, opts.retime_top, states, wmods, defaults, measured, measurer, record)
         if n:  # the cost model starts from the re-measured records
             old = TuningLog.read(log_path)
             old.records = [r for r in old.records if current(old, r)]
@@ -598,17 +598,14 @@ def _note(raw: dict, r: Record) -> None:
 
 
 def _last_settles(old: TuningLog, by_hash: dict) -> dict[str, tuple[float, dict[str, float]]]:
-    """Per workload of this run, its latest settle in ``old`` (this machine's records): (its time,
-    {candidate: its latency over the rounds}, inf for a failure)."""
+    """Per workload of this run, its latest settle in ``old`` (this machine's records), as
+    tuninglog.settled finds it: (its time, {candidate: its latency over the rounds}, inf for a
+    failure)."""
     out: dict[str, tuple[float, dict[str, float]]] = {}
-    for r in old.records:
-        if r.source == SETTLE and r.workload in by_hash:
-            t, cands = out.get(r.workload, (-math.inf, {}))
-            if r.time > t:
-                t, cands = r.time, {}
-            if r.time == t:
-                cands[r.candidate] = r.seconds
-                out[r.workload] = (t, cands)
+    for wl, recs in old.by_workload().items():
+        batch = [r for r, _ in settled([(r, r.seconds) for r in recs]) if r.source == SETTLE]
+        if wl in by_hash and batch:
+            out[wl] = (batch[0].time, {r.candidate: r.seconds for r in batch})
     return out
 
 
@@ -708,13 +705,39 @@ def _postprocessed(ctx, spaces) -> list:
     return out
 
 
-def _retime(src: TuningLog, top: int, states: list[TaskState], wmods, measured, measurer, record) -> int:
+def _leading(src: TuningLog, recs: list[Record], default: str | None) -> list[Record]:
+    """A kernel's records in ``src`` (another log, or other machines' and boots' records), best first
+    as each machine's own pick ranks them (tuninglog.settled over comparable: a settled kernel's
+    settle winners, not the luckiest search timings), one per candidate, the default schedule's
+    left out (measured anyway); several machines' rankings interleaved, first of each, then second."""
+    per_machine: dict[str, list[Record]] = {}
+    for r in recs:
+        per_machine.setdefault(src.device_of(r), []).append(r)
+    ranked = []
+    for mine in per_machine.values():
+        best: dict[str, tuple[float, Record]] = {}
+        for r, s in settled(comparable(mine)):
+            if r.source != "default" and r.candidate != default and s < best.get(r.candidate, (math.inf,))[0]:
+                best[r.candidate] = (s, r)
+        ranked.append([r for _, r in sorted(best.values(), key=lambda x: x[0])])
+    out, seen = [], set()
+    for i in range(max(map(len, ranked), default=0)):
+        for rs in ranked:
+            if i < len(rs) and rs[i].candidate not in seen:
+                seen.add(rs[i].candidate)
+                out.append(rs[i])
+    return out
+
+
+def _retime(src: TuningLog, top: int, states: list[TaskState], wmods, defaults, measured, measurer,
+            record) -> int:
     """Measure again, with this run's settings, the ``top`` best candidates per kernel of another
-    log (the ones this log has not measured yet); they count as search trials. Returns how many."""
+    log (the ones this log has not measured yet, ranked by _leading); they count as search trials.
+    Returns how many."""
     by_wl = src.by_workload()
     jobs, queued = [], set()
     for st in states:
-        ok = sorted((r for r in by_wl.get(st.workload, []) if r.ok and r.source == "search"), key=lambda r: r.seconds)
+        ok = _leading(src, by_wl.get(st.workload, []), defaults.get(st.workload))
         for r in ok[:max(0, top - st.trials)]:
             try:
                 sch = replay_trace(wmods[st.workload], r.trace)
