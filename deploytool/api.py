@@ -480,13 +480,15 @@ def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned
     plain = runner.time(feed, warmup=warmup, repeats=runs)
     args = runner.to_device(feed)
     per_run, walls = _profile.measure(runner, args, runs=runs, warmup=warmup, sync=sync)
+    per_run, walls, stalled = _profile.steady(per_run, walls)
     rows, builtins_ms = _profile.summarize(per_run)
     kernels = _profile.kernel_rows(rows, tasks_, log_best)
     import statistics
 
     return _profile.Profile(artifact=str(artifact), runs=runs, threads=threads, wall_ms=plain.median_ms,
                             instrumented_ms=statistics.fmean(walls) * 1e3, kernels=kernels, builtins_ms=builtins_ms,
-                            log=str(tuning_log) if tuning_log is not None else None, log_machine=machine, notes=notes)
+                            log=str(tuning_log) if tuning_log is not None else None, log_machine=machine, notes=notes,
+                            stalled=stalled)
 
 
 # ----------------------------------------------------------------------------- tune

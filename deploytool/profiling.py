@@ -55,6 +55,7 @@ class Profile:
     log: str | None = None
     log_machine: str | None = None
     notes: list[str] = field(default_factory=list)
+    stalled: int = 0  # instrumented runs left out as stalls (see steady); the means are over the others
 
     @property
     def kernels_ms(self) -> float:
@@ -105,6 +106,22 @@ def measure(runner, args: list, *, runs: int, warmup: int, sync=None) -> tuple[l
     finally:
         runner.vm.set_instrument(None)
     return per_run, walls
+
+
+# A run this much slower than the median run stalled (the VM preempted, another process): one such
+# run in 50 made SqueezeNet's 13x13 1x1 squeeze convolution read 0.453 ms per run, 15x its time in
+# the other runs (Zen 5, 2026-12-04); the means below would carry it, so stalled runs are left out.
+STALL = 1.5
+
+
+def steady(per_run: list, walls: list[float]) -> tuple[list, list[float], int]:
+    """The runs that did not stall (wall time within STALL x the median run's), their walls, and
+    how many were left out. Whole runs go, so the kernels' means still add up within the runs'."""
+    if len(walls) < 3:  # too few to tell a stall from the norm
+        return per_run, walls, 0
+    cut = STALL * statistics.median(walls)
+    keep = [i for i, w in enumerate(walls) if w <= cut]
+    return [per_run[i] for i in keep], [walls[i] for i in keep], len(walls) - len(keep)
 
 
 def summarize(per_run: list[dict[str, list[float]]]) -> tuple[list[tuple[str, int, float]], float]:
@@ -165,6 +182,9 @@ def table(p: Profile, top: int = 20) -> str:
     lines.append("")
     lines.append(f"latency {p.wall_ms:.3f} ms (median of {p.runs} runs, {p.threads} threads); instrumented "
                  f"{p.instrumented_ms:.3f} ms (mean), of which kernels {p.kernels_ms:.3f} ms")
+    if p.stalled:
+        lines.append(f"{p.stalled} of {p.runs} instrumented runs left out: each took over {STALL}x the median run "
+                     "(a stall of the machine); the means are over the rest")
     est = p.log_estimate_ms
     if est is not None:
         covered = [k for k in p.kernels if k.log_ms]

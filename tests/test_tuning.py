@@ -135,6 +135,25 @@ def test_profile_puts_each_kernel_next_to_its_record(tuned, tiny_model, tmp_path
     assert r.code == 2 and "--runs" in r.err and len(r.err.strip().splitlines()) == 1
 
 
+def test_profile_leaves_out_a_stalled_run():
+    """One run in which the machine stalled inside a kernel (here 20 ms in a 2 ms model) is left
+    out whole: the kernel's mean is the other runs', and the kernels still add up within the runs."""
+    from deploytool import profiling
+
+    runs = [{"conv": [0.001], "vm.builtin.alloc": [0.0001]} for _ in range(9)]
+    walls = [0.0012] * 9
+    runs.insert(4, {"conv": [0.020], "vm.builtin.alloc": [0.0001]})
+    walls.insert(4, 0.0202)
+    kept, kept_walls, stalled = profiling.steady(runs, walls)
+    assert stalled == 1 and len(kept) == len(kept_walls) == 9
+    rows, builtins = profiling.summarize(kept)
+    assert rows == [("conv", 1, pytest.approx(1.0))] and builtins == pytest.approx(0.1)
+    assert profiling.steady(runs[:2], walls[:2])[2] == 0   # two runs cannot tell a stall from the norm
+    p = profiling.Profile(artifact="m.so", runs=10, threads=2, wall_ms=1.2, instrumented_ms=1.2,
+                          kernels=profiling.kernel_rows(rows, [], None), stalled=stalled)
+    assert "1 of 10 instrumented runs left out" in profiling.table(p)
+
+
 @_TUNED
 def test_same_log_same_code(tuned, tiny_model):
     """Two builds from one log generate identical machine code."""
