@@ -409,7 +409,7 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         if f.suffix == ".json":
             res = json.loads(f.read_text())
             fam = res["host"].get("family", "?")  # zen3; an Intel's label (intel-6-207) reads better as its name
-            machine = f"a {fam}" if fam.startswith("zen") else f"an {res['host'].get('cpu', fam)}"
+            machine = f"a Zen {fam[3:]}" if fam.startswith("zen") else f"an {res['host'].get('cpu', fam)}"
             parts.append(f"### The shipped {res['target']} logs on {machine}: "
                          f"`python bench/shipped.py --target {res['target']}`\n\n" + markdown_shipped(res))
         elif f.suffix == ".md":
