@@ -291,7 +291,9 @@ def cmd_tune(args) -> int:
         print(f"estimated end to end (sum of kernels x calls): untuned {_ms(r.est_untuned_s)} ms -> tuned "
               f"{_ms(r.est_tuned_s)} ms ({r.est_untuned_s / r.est_tuned_s if r.est_tuned_s else float('nan'):.2f}x)")
         sec = r.seconds
-        print(f"{r.trials_new} new trials in {_dur(sec['total'])}: " + ", ".join(
+        again = "".join(f", {n} {what}" for n, what in ((r.retimed, "re-measured from earlier boots or machines"),
+                                                          (r.settled, "timed again in the settle")) if n)
+        print(f"{r.trials_new} new trials{again} in {_dur(sec['total'])}: " + ", ".join(
             f"{k} {v:.1f}s" for k, v in sec.items() if k != "total"))
         print(f"log: {r.log_path}" + (f" (resumed from {r.resumed_records} records)" if r.resumed_records else ""))
     if args.plot:

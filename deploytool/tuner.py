@@ -136,11 +136,14 @@ class TuneResult:
     est_tuned_s: float
     curve: list[tuple[int, float]]        # (run trial, estimated end-to-end latency)
     resumed_records: int = 0
+    retimed: int = 0                      # other machines' or boots' candidates measured again here
+    settled: int = 0                      # candidates the settle at the end timed again
 
     def to_dict(self) -> dict[str, Any]:
         return {"log": str(self.log_path), "tasks": [t.to_dict() for t in self.tasks], "seconds": self.seconds,
                 "trials_new": self.trials_new, "est_untuned_s": self.est_untuned_s, "est_tuned_s": self.est_tuned_s,
-                "curve": self.curve, "resumed_records": self.resumed_records}
+                "curve": self.curve, "resumed_records": self.resumed_records, "retimed": self.retimed,
+                "settled": self.settled}
 
 
 def _estimate(states: list[TaskState], attr: str) -> float:
@@ -322,12 +325,12 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.default_s = r.seconds
                 if r.seconds < st.best_s:
                     st.best_s = r.seconds
-        n = 0
+        retimed = 0
         for src in (foreign, retime_src):
             interrupt.check()
             if src is not None:
-                n += _retime(src, opts.retime_top, states, wmods, defaults, measured, measurer, record)
-        if n:  # the cost model starts from the re-measured records
+                retimed += _retime(src, opts.retime_top, states, wmods, defaults, measured, measurer, record)
+        if retimed:  # the cost model starts from the re-measured records
             old = TuningLog.read(log_path)
             old.records = [r for r in old.records if current(old, r)]
         for st in states:
@@ -354,7 +357,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             for st in states:
                 st.done = st.done or "budget"
             settle()
-            return _result(log_path, states, seconds, measurer, t_start, [], resumed)
+            return _result(log_path, states, seconds, measurer, t_start, [], resumed, retimed)
 
         # ---- 2. the cost model, warm-started from the log
         t0 = time.perf_counter()
@@ -572,21 +575,22 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 ctx.post_tuning()
         seconds["cost_model"] = cost_model.seconds
         settle()
-        return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed)
+        return _result(log_path, states, seconds, measurer, t_start, run_curve, resumed, retimed)
     finally:
         guard.__exit__(None, None, None)
         writer.close()
         measurer.close()
 
 
-def _result(log_path, states, seconds, measurer, t_start, curve, resumed) -> TuneResult:
+def _result(log_path, states, seconds, measurer, t_start, curve, resumed, retimed) -> TuneResult:
     seconds = dict(seconds)
     seconds.update(measurer.seconds)
     seconds["total"] = time.perf_counter() - t_start
     seconds["other"] = max(0.0, seconds["total"] - sum(v for k, v in seconds.items() if k != "total"))
     return TuneResult(log_path=Path(log_path), tasks=states, seconds=seconds,
                       trials_new=sum(s.new_trials for s in states), est_untuned_s=_estimate(states, "default_s"),
-                      est_tuned_s=_estimate(states, "best_s"), curve=curve, resumed_records=resumed)
+                      est_tuned_s=_estimate(states, "best_s"), curve=curve, resumed_records=resumed,
+                      retimed=retimed, settled=sum(s.settled for s in states))
 
 
 def _note(raw: dict, r: Record) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -299,6 +300,8 @@ def test_records_of_an_earlier_boot_are_measured_again(tuned, tiny_model, tmp_pa
         assert set(top) <= {x.candidate for x in fresh}, (top, [(x.candidate, x.source) for x in fresh])
         retimed += len(top)
     assert retimed   # some kernel had a candidate besides its default
+    said = re.search(r"(\d+) new trials, (\d+) re-measured from earlier boots or machines", r.out)
+    assert said and int(said.group(2)) >= retimed, r.out   # the summary counts them (not just "0 new trials")
     r = cli(*tune, "-q")   # same boot, budget spent: nothing measured again
     assert r.code == 0, r
     again = _read(log2).records[len(two.records):]
