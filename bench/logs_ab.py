@@ -2,6 +2,7 @@
 
     python bench/logs_ab.py --label intel MODEL.onnx:LOG_A:LOG_B [MODEL2.onnx:LOG_A:LOG_B ...]
                             [--names A,B] [--tuned-on MACHINE] [--rounds 5] [--target x86-avx512]
+                            [--winograd ,auto]
 
 Each model is built from both logs (--require-tuned; each build checked against onnxruntime),
 then timed in --rounds interleaved rounds (A, B, onnxruntime per round, same inputs and
@@ -26,8 +27,12 @@ p.add_argument("--target", default="x86-avx512")
 p.add_argument("--tuned-on", help="the machine whose records to take from multi-machine logs (default: this one)")
 p.add_argument("--rounds", type=int, default=5)
 p.add_argument("--repeats", type=int, default=20)
+p.add_argument("--winograd", default="", metavar="A,B",
+               help="--winograd for each build: '' (none), 'auto' or 'all', comma-separated (default: none for both)")
 args = p.parse_args()
 na, nb = args.names.split(",")
+wino = dict(zip((na, nb), ((args.winograd.split(",") + [""])[:2] if args.winograd else ["", ""])))
+wino = {k: {"": False, "all": True, "auto": "auto"}[v] for k, v in wino.items()}
 out_dir = Path(__file__).resolve().parent / "results"
 rows = []
 with tempfile.TemporaryDirectory() as tmp:
@@ -37,7 +42,8 @@ with tempfile.TemporaryDirectory() as tmp:
         arts = {}
         for lab, lg in ((na, log_a), (nb, log_b)):
             so = Path(tmp) / f"{name}-{lab}.so"
-            api.compile(model, target=args.target, output=so, tuning_log=lg, require_tuned=True, tuned_on=args.tuned_on)
+            api.compile(model, target=args.target, output=so, tuning_log=lg, require_tuned=True, tuned_on=args.tuned_on,
+                        winograd=wino[lab], progress=print if wino[lab] == "auto" else (lambda _m: None))
             chk = api.run(so, check=model)
             arts[lab] = (so, chk.ok)
         per = {na: [], nb: [], "onnxruntime": [], f"ratio_{na}": [], f"ratio_{nb}": []}
@@ -53,7 +59,8 @@ with tempfile.TemporaryDirectory() as tmp:
 
 res = {"benchmark": "logs_ab", "target": args.target, "host": {"cpu": targets.cpu_name()},
        "threads": targets.physical_cores(), "rounds": args.rounds,
-       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "names": [na, nb], "rows": rows}
+       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "names": [na, nb], "rows": rows,
+       **({"winograd": {k: v for k, v in wino.items() if v}} if any(wino.values()) else {})}
 (out_dir / f"logs-{args.label}.json").write_text(json.dumps(res, indent=1) + "\n")
 md = [f"Host {res['host']['cpu']}, {res['threads']} threads, {res['date']}; {args.rounds} interleaved rounds. "
       "Ratio: deploytool's median over onnxruntime's in the same round (median of rounds, [min-max]).", "",

@@ -13,6 +13,7 @@ Errors are deploytool exceptions (deploytool.errors); nothing here prints or exi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -165,8 +166,8 @@ def _compile_c_bundle(mod, tgt, imported, model, output, task_list, times, sched
 def compile(model: str | Path, *, target: str = "x86", output: str | Path | None = None, input_shapes=None,
             tuning_log: str | Path | None = None, require_tuned: bool = False, bind_inputs=None,
             dtype: str = "float32", predict: str | None = None, split_k: bool = True,
-            winograd: bool = False, cublas: bool = False, cudnn: bool = False, tuned_on: str | None = None,
-            progress: Progress = _noop) -> CompileResult:
+            winograd: bool | str | None = None, cublas: bool = False, cudnn: bool = False,
+            tuned_on: str | None = None, progress: Progress = _noop) -> CompileResult:
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules),
     among the records of one machine where the log holds several: ``tuned_on`` (a name that
@@ -177,7 +178,11 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     ``split_k=False``: GPU matmuls and convolutions with a small output keep one kernel (see
     deploytool.splitk; the kernels differ, so tune and compile must agree).
     ``winograd``: CPUs, float32: 3x3 stride-1 convolutions in Winograd F(4x4, 3x3)
-    (deploytool.winograd; other kernels, so tune and compile must agree here too).
+    (deploytool.winograd; other kernels, so tune and compile must agree here too); "auto": each
+    convolution the way ``tuning_log`` times faster, its Winograd or its direct kernel (a log
+    tuned with ``winograd="auto"`` has both); "off" or False: none; None (default): as the log was
+    tuned: True for a log tuned with ``winograd=True``, "auto" for one holding Winograd records
+    besides, else none.
     ``predict`` ("pretrained" or a model file): kernels without a log record take the schedule the
     cost model ranks first, nothing measured (deploytool.predict)."""
     from deploytool import pipeline
@@ -189,6 +194,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
     _check_winograd(tgt, dtype, winograd)
+    winograd = False if winograd == "off" else winograd   # None: as the tuning log was tuned (below)
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     if output is None:
         output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
@@ -199,10 +205,13 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         tlog = TuningLog.read(tuning_log)
         tlog.check_target(tgt)
         logged = (tlog.header.get("model") or {}).get("winograd")
-        if logged is not None and bool(logged) != pipeline.winograd_applies(tgt, dtype, winograd):
+        if winograd is None:
+            winograd = _winograd_of_log(tlog, tgt, dtype)
+        if logged is not None and logged != "auto" and winograd != "auto" \
+                and bool(logged) != pipeline.winograd_applies(tgt, dtype, winograd):
             progress(f"warning: {Path(tuning_log).name} was tuned {'with' if logged else 'without'} --winograd and "
                      f"this build is {'without' if logged else 'with'} it: its convolution kernels will not match "
-                     f"({'add' if logged else 'drop'} --winograd)")
+                     f"({'drop --winograd off' if logged else 'drop --winograd'})")
         if tlog.header.get("emulated"):
             progress(f"warning: {Path(tuning_log).name} was measured on an emulated board "
                      f"({tlog.header['emulated']}): fine for testing the pipeline, not tuning to ship")
@@ -225,8 +234,17 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
         progress(f"{name} done ({times[name]:.1f}s)")
         return out
 
+    winograd = False if winograd is None else winograd
+    if winograd == "auto" and tlog is None:
+        raise InputError("--winograd auto picks each convolution's kernel by the tuning log's timings, and there "
+                         "is no log", "pass --tuning-log LOG (tuned with --winograd auto), or --winograd for every "
+                         "eligible convolution")
     bound = _bindings(bind_inputs)
     imported = stage("import", import_model, model, _shapes(input_shapes), bound)
+    chosen = None
+    if winograd == "auto":
+        winograd = chosen = stage("Winograd choice", _winograd_choice, imported.mod, tgt, dtype, split_k, cublas,
+                                  cudnn, tlog, tuned_on, progress)
     mod = stage("optimize", pipeline.optimize, imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn)
     mod = stage("partition", pipeline.partition, mod, tgt)
     task_list = pipeline.tasks(mod)
@@ -255,6 +273,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
                                   extra={"tuned_kernels": sum(1 for v in sched.values() if v == "tuned"), "dtype": dtype,
                                          "split_k": splitk.applies(tgt, dtype, split_k),
                                          "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
+                                         **({"winograd_auto": len(chosen)} if chosen is not None else {}),
                                          "cublas": _cublas.applies(tgt, dtype, cublas),
                                          "cudnn": _cudnn.applies(tgt, dtype, cudnn),
                                          "predicted_kernels": sum(1 for v in sched.values() if v == "predicted"),
@@ -504,7 +523,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          early_stop: int | None = None,
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
-         split_k: bool = True, winograd: bool = False, cublas: bool = False, cudnn: bool = False,
+         split_k: bool = True, winograd: bool | str = False, cublas: bool = False, cudnn: bool = False,
          first_round: int | None = None, settle: int | None = None,
          kernels: str | None = None, threads: int | None = None,
          on_progress=None, progress: Progress = _noop):
@@ -534,10 +553,12 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     when measuring on this machine, 0 (none) on boards over RPC.
     ``kernels``: comma-separated glob patterns of kernel names (e.g. ``*winograd*``): tune only
     those (the others keep whatever the log has).
+    ``winograd``: True: the kernels of the Winograd build (see compile); "auto": both, each eligible
+    convolution's direct and Winograd kernels, so that ``compile(winograd="auto")`` can take the
+    faster.
     ``threads``: the CPU threads candidates are timed on here (default: ``measure.threads``, else
     $TVM_NUM_THREADS, else the physical cores): the thread count the model will run with. Records
     name it with their machine. A board over RPC times on its own (`device serve --threads`)."""
-    import dataclasses
     import fnmatch
 
     from deploytool import pipeline
@@ -567,6 +588,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
     _check_winograd(tgt, dtype, winograd)
+    winograd = False if winograd in (None, "off") else winograd
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     spec = _device_spec(device)
     if threads is not None and (spec is not None or tgt.family == "cuda"):
@@ -612,9 +634,12 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     with interrupts.Deferred("stopping after the step in flight (Ctrl-C again: at once)") as interrupt:
         imported = import_onnx(model, _shapes(input_shapes))
         interrupt.check()
-        mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
+        mod = pipeline.partition(pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd != "auto" and winograd,
+                                                   cublas, cudnn), tgt)
         interrupt.check()
         task_list = pipeline.tasks(mod)
+        if winograd == "auto":
+            mod, task_list = _with_winograd_kernels(mod, task_list, imported.mod, tgt, dtype, split_k, cublas, cudnn)
         if kernels:
             pats = [k.strip() for k in kernels.split(",") if k.strip()]
             picked = [t for t in task_list if any(fnmatch.fnmatchcase(t.name, p) for p in pats)]
@@ -640,7 +665,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
         return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                      model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
                             "split_k": splitk.applies(tgt, dtype, split_k),
-                            "winograd": pipeline.winograd_applies(tgt, dtype, winograd),
+                            "winograd": "auto" if winograd == "auto" else pipeline.winograd_applies(tgt, dtype, winograd),
                             "cublas": _cublas.applies(tgt, dtype, cublas),
                             "cudnn": _cudnn.applies(tgt, dtype, cudnn)})
 
@@ -672,6 +697,80 @@ def _cost_model_file(choice: str, tgt, nearest: bool = False):
 
 
 # ----------------------------------------------------------------------------- logs
+def _conv_kernels(mod, winograd, tgt, dtype, split_k, cublas, cudnn):
+    """The partitioned module of ``mod`` built with ``winograd`` (see pipeline.optimize), and
+    (name, workload hash, argument shapes) of its kernels."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import pipeline
+
+    part = pipeline.partition(pipeline.optimize(mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
+    return part, [(t.name, t.workload_hash, [[int(x) for x in a.shape]
+                                               for a in ms.arg_info.ArgInfo.from_prim_func(part[t.name])])
+                  for t in pipeline.tasks(part)]
+
+
+def _winograd_of_log(tlog, tgt, dtype) -> bool | str:
+    """compile without --winograd: build as the log was tuned. True where it was tuned with
+    --winograd (every eligible convolution), "auto" where it holds Winograd records besides the
+    direct ones (tuned with --winograd auto, or resumed with it), else False."""
+    from deploytool import pipeline
+
+    if not pipeline.winograd_applies(tgt, dtype, True):
+        return False
+    logged = (tlog.header.get("model") or {}).get("winograd")
+    if logged is True:
+        return True
+    return "auto" if any("winograd" in w.name for w in tlog.workloads.values()) else False
+
+
+def _winograd_choice(mod, tgt, dtype, split_k, cublas, cudnn, tlog, tuned_on, progress) -> frozenset:
+    """--winograd auto: the signatures (winograd.call_signature) of the convolutions whose Winograd
+    kernel the log times faster than their direct kernel, both builds' kernels paired by shape."""
+    from deploytool import pipeline
+    from deploytool import winograd as _wg
+
+    if not pipeline.winograd_applies(tgt, dtype, True):
+        return frozenset()
+    best = {h: r.seconds for h, r in tlog.best_by_workload(tuned_on).items()}
+    _, direct = _conv_kernels(mod, False, tgt, dtype, split_k, cublas, cudnn)
+    _, wino = _conv_kernels(mod, True, tgt, dtype, split_k, cublas, cudnn)
+    eligible = {sig[0] for name, _, shapes in wino if (sig := _wg.kernel_signature(name, shapes)) and sig[1]}
+    chosen = _wg.choose(direct, wino, best)
+    untimed = sum(1 for name, h, shapes in wino
+                  if (sig := _wg.kernel_signature(name, shapes)) and sig[1] and h not in best)
+    progress(f"--winograd auto: Winograd for {len(chosen)} of {len(eligible)} eligible convolutions"
+             + (f" ({untimed} have no Winograd record: tune with --winograd auto)" if untimed else "")
+             + "".join(f"; {h}x{w}x{ci}->{co}: {tw * 1e3:.3f} vs {td * 1e3:.3f} ms direct"
+                       for (n, h, w, ci, co, _, _), (td, tw) in sorted(chosen.items())))
+    return frozenset(chosen)
+
+
+def _with_winograd_kernels(mod, task_list, imported_mod, tgt, dtype, split_k, cublas, cudnn):
+    """--winograd auto, tuning: the direct build's partitioned module and tasks, plus the Winograd
+    kernels of the build that rewrites every eligible convolution (the tuner takes a task's
+    function from the module by its name)."""
+    from deploytool import pipeline
+
+    if not pipeline.winograd_applies(tgt, dtype, True):
+        return mod, task_list
+    wmod, _ = _conv_kernels(imported_mod, True, tgt, dtype, split_k, cublas, cudnn)
+    have = {t.workload_hash for t in task_list}
+    names = {gv.name_hint for gv in mod.get_global_vars()}
+    extra = []
+    for t in pipeline.tasks(wmod):
+        if t.workload_hash in have:
+            continue
+        name = t.name
+        while name in names:
+            name += "_w"
+        names.add(name)
+        mod[name] = wmod[t.name]
+        extra.append(dataclasses.replace(t, name=name))
+        have.add(t.workload_hash)
+    return mod, sorted(task_list + extra, key=lambda t: -t.flops * max(t.calls, 1))
+
+
 def _check_vendor_libs(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> None:
     """--cublas and --cudnn are for CUDA targets in float16: a one-line error elsewhere."""
     for flag, on, what in (("--cublas", cublas, "cuBLAS matmuls"), ("--cudnn", cudnn, "cuDNN convolutions")):
@@ -680,9 +779,15 @@ def _check_vendor_libs(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> No
                              f"drop {flag}, or add --dtype float16 for a CUDA target")
 
 
-def _check_winograd(tgt, dtype: str, winograd: bool) -> None:
+def _check_winograd(tgt, dtype: str, winograd) -> None:
     from deploytool import pipeline
 
+    if winograd not in (None, False, True, "auto", "off"):
+        raise InputError(f"--winograd {winograd}: not a choice",
+                         "pass --winograd (every eligible convolution), --winograd auto (each the faster way, "
+                         "by the tuning log) or --winograd off")
+    if winograd in (None, "off"):
+        return
     if winograd and not pipeline.winograd_applies(tgt, dtype, winograd):
         raise InputError(f"--winograd: Winograd convolutions are for CPU targets (x86, arm) in float32, not "
                          f"{tgt.name} in {dtype}", "drop --winograd")
@@ -748,16 +853,18 @@ def logs_prune(log: str | Path, *, keep: int = 1, output: str | Path | None = No
 
 
 def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input_shapes=None,
-               allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True, winograd: bool = False,
-               cublas: bool = False, cudnn: bool = False):
+               allow_emulated: bool = False, dtype: str = "float32", split_k: bool = True,
+               winograd: bool | str = False, cublas: bool = False, cudnn: bool = False):
     """Which kernels of ``model`` on ``target`` the log covers (raises if the log is for another target,
-    or holds timings from an emulated board, unless ``allow_emulated``)."""
+    or holds timings from an emulated board, unless ``allow_emulated``). ``winograd="auto"``: the
+    direct build's kernels, which every convolution falls back to."""
     from deploytool import logs, pipeline
     from deploytool.tuninglog import TuningLog, TuningLogError
 
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
     _check_winograd(tgt, dtype, winograd)
+    winograd = False if winograd in (None, "off") else winograd
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     tlog.check_target(tgt)
     if tlog.header.get("emulated") and not allow_emulated:
@@ -765,7 +872,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
                              f"timings do not rank schedules for a real {tgt.arch} board",
                              "retune on a real board (--rpc or --tracker), or pass --allow-emulated for a pipeline test")
     imported = import_onnx(model, _shapes(input_shapes))
-    mod = pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd, cublas, cudnn)
+    mod = pipeline.optimize(imported.mod, tgt, dtype, split_k, winograd != "auto" and winograd, cublas, cudnn)
     task_list = pipeline.tasks(pipeline.partition(mod, tgt))
     return logs.coverage(tlog, task_list)
 

@@ -263,6 +263,16 @@ class _TuneView:
         self.drawn = len(lines)
 
 
+def _winograd_arg(value: str):
+    """--winograd's value: auto, off, or all (what a bare --winograd means)."""
+    if value in ("auto", "off"):
+        return value
+    if value == "all":
+        return True
+    raise argparse.ArgumentTypeError(f"'{value}' is not auto, off or all (after a bare --winograd, put the model "
+                                     "before it: deploytool compile MODEL --winograd)")
+
+
 def cmd_tune(args) -> int:
     from deploytool import api
     from deploytool.measure import MeasureSettings
@@ -481,9 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--no-split-k", dest="split_k", action="store_false",
                         help="GPUs: keep one kernel per matmul/convolution whose output is too small to "
                         "fill the GPU (by default its reduction is split over more thread blocks and summed after)")
-        sp.add_argument("--winograd", action="store_true",
+        sp.add_argument("--winograd", nargs="?", const=True, default=None, metavar="auto|off|all",
+                        type=_winograd_arg,
                         help="CPUs, float32: 3x3 stride-1 convolutions by Winograd F(4x4, 3x3), 4x fewer "
-                        "multiplies; opt-in: not faster end to end yet, see docs/benchmarks.md")
+                        "multiplies but memory-bound transforms: every eligible one (all); `--winograd auto`: "
+                        "tune both ways, and build each convolution the way its tuning log times faster; off: "
+                        "none (default: tune none, compile as the tuning log was tuned)")
         sp.add_argument("--cublas", action="store_true",
                         help="CUDA, float16: matmuls on cuBLAS's GEMMs (loaded when the model runs; "
                         "building needs no CUDA toolkit), the rest on TVM's kernels")

@@ -41,7 +41,7 @@ class Task:
 DTYPES = ("float32", "float16")
 
 
-def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd: bool = False,
+def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, winograd=False,
              cublas: bool = False, cudnn: bool = False):
     """Graph-level passes: fold BatchNorm into convolutions, fold constants, and convert to the
     data layouts the target family's schedules want (weights are re-laid out once, here).
@@ -52,7 +52,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     inputs and outputs keep their float32 interface. On CUDA, float16 and float32 matmuls and
     convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
     unless ``split_k`` is False. ``winograd``: on CPUs, float32 3x3 stride-1 convolutions in
-    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs).
+    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs): True
+    for every eligible one, or a set of signatures (winograd.call_signature) for those alone.
     ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K.
     ``cudnn``: CUDA, float16: convolutions in NHWC on cuDNN with their bias/residual/ReLU
     (deploytool.cudnn), before split-K (which then sees no convolution). Last, on CPUs, float32
@@ -109,7 +110,8 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     if winograd_applies(target, dtype, winograd):
         from deploytool import winograd as _winograd
 
-        mod = _run_passes(_winograd.winograd_pass(), mod, target, "Winograd rewrite")
+        only = None if winograd is True else frozenset(winograd)  # a set of signatures: --winograd auto's choice
+        mod = _run_passes(_winograd.winograd_pass(only=only), mod, target, "Winograd rewrite")
     if target.family in ("x86", "arm") and layouts:
         from deploytool import pad_channels
 
@@ -122,8 +124,10 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     return _run_passes(tidy, mod, target, "graph optimization")
 
 
-def winograd_applies(target: Target, dtype: str, winograd: bool) -> bool:
-    """Whether ``--winograd`` changes the kernels: CPU targets, float32."""
+def winograd_applies(target: Target, dtype: str, winograd) -> bool:
+    """Whether ``--winograd`` changes the kernels: CPU targets, float32. ``winograd``: True (every
+    eligible convolution), or the signatures of those to rewrite (deploytool.winograd.choose;
+    empty: none)."""
     return bool(winograd) and target.family in ("x86", "arm") and dtype == "float32"
 
 

@@ -25,6 +25,8 @@ default (`deploytool run --check` compares with onnxruntime at rtol 1e-4 of the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 MIN_CHANNELS = 16   # below this the transforms cost more than the multiplies they save
@@ -32,6 +34,13 @@ MIN_TILES = 16      # fewer output tiles: the transformed weights (4x the 3x3 on
 MAX_WEIGHT_BYTES = 32 << 20  # larger transformed weights stream from DRAM (YOLOv3-tiny's 512->1024 conv at
 #                              13x13, 75 MB: 14.0 ms by Winograd vs 7.8 ms direct, measured alone)
 TILES = (2, 4)
+# --winograd auto takes a convolution's Winograd kernel when its record is at most this fraction of
+# the direct kernel's. Timed alone, a Winograd kernel finds its intermediate tiles (the transformed
+# input and the GEMM's output: MBs of workspace, not arguments, so the cold timing's flush leaves
+# them in cache) where the last call left them; in the model they are cold. YOLOv3-tiny's 104x104
+# 32->64 convolution (9 MB of tiles) took 0.82 ms alone against 0.93 direct, and 1.24-1.66 ms in the
+# model against 1.14-1.18; those chosen by 38-44% ran faster in the model too (Zen 5, 2026-12-05).
+AUTO_MARGIN = 0.8
 
 
 def transform_matrices(tile: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -144,8 +153,57 @@ def eligible(call, tile: int = 4) -> bool:
     return tiles >= MIN_TILES and (tile + 2) ** 2 * ci * co * 4 <= MAX_WEIGHT_BYTES
 
 
-def winograd_pass(tile: int = 4):
-    """A module pass computing every eligible conv2d (see ``eligible``) by Winograd F(tile, 3)."""
+def call_signature(call) -> tuple[int, ...]:
+    """A conv2d call's shapes as ``kernel_signature`` gives them for its kernel: (N, H, W, CI, CO,
+    OH, OW)."""
+    n, h, w, ci = (int(d) for d in call.args[0].ty.shape)
+    co = int(call.args[1].value.shape[3])
+    pad = _padding(call.attrs)
+    return n, h, w, ci, co, h + pad[0] + pad[2] - 2, w + pad[1] + pad[3] - 2
+
+
+def kernel_signature(name: str, shapes: list) -> tuple[tuple[int, ...], bool] | None:
+    """For a kernel computing one 3x3 NHWC convolution (its arguments' ``shapes``: data first, the
+    output last): ((N, H, W, CI, CO, OH, OW), whether by Winograd: its weights transformed to
+    alpha x alpha); None for any other kernel. The direct and the Winograd kernel of one
+    convolution have the same signature, which is how ``--winograd auto`` pairs them."""
+    if len(shapes) < 3 or any(len(s) != 4 for s in (shapes[0], shapes[-1])):
+        return None
+    n, h, w, ci = shapes[0]
+    for s in shapes[1:-1]:
+        if len(s) == 4 and s[0] == s[1] and s[2] == ci and s[3] == shapes[-1][3]:
+            wino = "winograd" in name and s[0] in {t + 2 for t in TILES}
+            if s[0] == 3 or wino:
+                on, oh, ow, co = shapes[-1]
+                return ((n, h, w, ci, co, oh, ow), wino) if on == n else None
+    return None
+
+
+def choose(direct: list, winograd: list, best_s: dict[str, float]) -> dict[tuple[int, ...], tuple[float, float]]:
+    """``--winograd auto``: the convolutions to compute by Winograd, where the tuning log says its
+    kernel is faster than the direct one. ``direct`` and ``winograd``: (name, workload hash, arg
+    shapes) of the kernels of the model built without and with Winograd; ``best_s``: the log's best
+    latency per workload. Returns signature -> (direct seconds, Winograd seconds) for each chosen
+    convolution: both kernels have records and the Winograd one takes at most AUTO_MARGIN of the
+    direct one's time. A convolution whose direct
+    kernel has no record stays direct (so does one whose channels pad_channels widened: its direct
+    kernel's signature is the padded one, and pairs with nothing)."""
+    def times(kernels, wino):
+        out: dict[tuple[int, ...], float | None] = {}
+        for name, wl, shapes in kernels:
+            sig = kernel_signature(name, shapes)
+            if sig is not None and sig[1] == wino:
+                t = best_s.get(wl)
+                out[sig[0]] = t if out.get(sig[0]) is None else min(out[sig[0]], t if t is not None else math.inf)
+        return out
+
+    d, w = times(direct, False), times(winograd, True)
+    return {sig: (d[sig], tw) for sig, tw in w.items() if tw is not None and d.get(sig) is not None and tw <= AUTO_MARGIN * d[sig]}
+
+
+def winograd_pass(tile: int = 4, only=None):
+    """A module pass computing every eligible conv2d (see ``eligible``) by Winograd F(tile, 3);
+    with ``only`` (a collection of ``call_signature``s), just those among them."""
     import tvm
     from tvm import relax
 
@@ -160,6 +218,8 @@ def winograd_pass(tile: int = 4):
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if call.op != conv_op or not eligible(call, tile):
+                return call
+            if only is not None and call_signature(call) not in only:
                 return call
             u = transform_weights(call.args[1].value.numpy(), tile)
             return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), _padding(call.attrs), tile,

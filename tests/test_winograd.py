@@ -99,6 +99,8 @@ def test_winograd_build_matches_onnxruntime_and_rewrites_only_3x3_stride_1(tmp_p
 
 @pytest.mark.tuning
 def test_winograd_log_replays_and_a_build_without_it_is_told(tmp_path, cli):
+    """A log tuned with --winograd replays with it; compile without the flag builds as the log was
+    tuned (Winograd here); --winograd off builds direct kernels the log lacks, and is told why."""
     model = make_conv_model(tmp_path / "convs.onnx", CONVS[:2])
     log = tmp_path / "w.jsonl"
     tune = ("tune", model, "--target", "x86", "--winograd", "--batch", "2", "-o", log, "-q")
@@ -113,6 +115,66 @@ def test_winograd_log_replays_and_a_build_without_it_is_told(tmp_path, cli):
              "-o", tmp_path / "w.so")
     assert ok.code == 0, ok
     assert cli("run", tmp_path / "w.so", "--check", model).code == 0
-    bad = cli("compile", model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", tmp_path / "d.so")
+    same = cli("compile", model, "--target", "x86", "--tuning-log", log, "--require-tuned", "-o", tmp_path / "s.so")
+    assert same.code == 0, same
+    meta = json.loads(cli("metadata", tmp_path / "s.so").out)
+    assert meta["winograd"] is True and sum("winograd" in k["name"] for k in meta["kernel_table"]) == 2, meta
+    bad = cli("compile", model, "--target", "x86", "--winograd", "off", "--tuning-log", log, "--require-tuned",
+              "-o", tmp_path / "d.so")
     assert bad.code == 2, bad
-    assert "tuned with --winograd" in bad.err + bad.out, bad
+    assert "tuned with --winograd" in bad.err + bad.out and "drop --winograd off" in bad.err + bad.out, bad
+
+
+@pytest.mark.tuning
+def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_path, cli):
+    """--winograd auto: tuning gives each eligible convolution both its kernels, direct and
+    Winograd (paired by shape); compile builds each convolution with the one its log times faster.
+    The log's Winograd timings are then scaled, 10x faster for the 16-channel convolution and 10x
+    slower for the 24-channel one, so that the choice is known whatever this machine measured."""
+    import dataclasses
+
+    import deploytool
+    import deploytool.errors
+    from deploytool import winograd
+    from deploytool.tuninglog import TuningLog, write_log
+
+    model = make_conv_model(tmp_path / "convs.onnx", CONVS[:2])
+    log = tmp_path / "auto.jsonl"
+    t = cli("tune", model, "--target", "x86", "--winograd", "auto", "--trials-per-task", "1", "--batch", "2",
+            "--settle", "0", "-o", log, "-q")
+    assert t.code == 0, t
+    tlog = TuningLog.read(log)
+    assert tlog.header["model"]["winograd"] == "auto"
+    sigs = {h: winograd.kernel_signature(w.name, [a[0] for a in w.args]) for h, w in tlog.workloads.items()}
+    pairs = {}
+    for h, sig in sigs.items():
+        if sig is not None:
+            pairs.setdefault(sig[0], {})[sig[1]] = h
+    assert len(pairs) == 2 and all(set(p) == {False, True} for p in pairs.values()), (pairs, sigs)  # both ways
+    scale = {p[True]: 0.1 if sig[4] == 16 else 10.0 for sig, p in pairs.items()}
+    recs = [dataclasses.replace(r, latency_s=[x * scale[r.workload] for x in r.latency_s])
+            if r.workload in scale and r.latency_s else r for r in tlog.records]
+    log2 = tmp_path / "scaled.jsonl"
+    write_log(log2, tlog.header, tlog.workloads.values(), recs)
+    out = tmp_path / "auto.so"
+    c = cli("compile", model, "--target", "x86", "--winograd", "auto", "--tuning-log", log2, "--require-tuned",
+            "-o", out)
+    assert c.code == 0, c
+    assert "Winograd for 1 of 2 eligible convolutions" in c.out + c.err, c
+    meta = json.loads(cli("metadata", out).out)
+    assert meta["winograd"] is True and meta["winograd_auto"] == 1, meta
+    kernels = {k["name"]: k["workload_hash"] for k in meta["kernel_table"]}
+    wino = [h for n, h in kernels.items() if "winograd" in n]
+    assert wino == [p[True] for sig, p in pairs.items() if sig[4] == 16], (kernels, pairs)
+    assert [p[False] for sig, p in pairs.items() if sig[4] == 24][0] in kernels.values()
+    assert all(meta_s == "tuned" for meta_s in (k["schedule"] for k in meta["kernel_table"])), meta["kernel_table"]
+    r = cli("run", out, "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
+    cov = json.loads(cli("logs", "check", log, model, "--target", "x86", "--winograd", "auto", "--json").out)
+    assert not cov["missing"], cov   # the direct build, every convolution's fallback, is covered
+    bad = cli("compile", model, "--target", "x86", "--winograd", "auto", "-o", tmp_path / "x.so")
+    assert bad.code == 2 and "--winograd auto" in bad.err and "--tuning-log" in bad.err, bad
+    bad = cli("compile", model, "--target", "x86", "--winograd", "always", "-o", tmp_path / "x.so")
+    assert bad.code == 2 and "'always' is not auto, off or all" in bad.err, bad
+    with pytest.raises(deploytool.errors.InputError, match="--winograd always"):   # the API says it too
+        deploytool.compile(model, target="x86", winograd="always", output=tmp_path / "x.so")
