@@ -732,13 +732,15 @@ def _winograd_choice(mod, tgt, dtype, split_k, cublas, cudnn, tlog, tuned_on, pr
 
     if not pipeline.winograd_applies(tgt, dtype, True):
         return frozenset()
-    best = {h: r.seconds for h, r in tlog.best_by_workload(tuned_on).items()}
+    best = []   # per machine, this build's first: a convolution's two kernels compare on one machine
+    for dev in dict.fromkeys(d for d in (tuned_on, tlog.home, *tlog.devices()) if d):
+        best.append({h: r.seconds for h, r in tlog.best_by_workload(dev).items() if tlog.device_of(r) == dev})
     _, direct = _conv_kernels(mod, False, tgt, dtype, split_k, cublas, cudnn)
     _, wino = _conv_kernels(mod, True, tgt, dtype, split_k, cublas, cudnn)
     eligible = {sig[0] for name, _, shapes in wino if (sig := _wg.kernel_signature(name, shapes)) and sig[1]}
     chosen = _wg.choose(direct, wino, best)
     untimed = sum(1 for name, h, shapes in wino
-                  if (sig := _wg.kernel_signature(name, shapes)) and sig[1] and h not in best)
+                  if (sig := _wg.kernel_signature(name, shapes)) and sig[1] and not any(h in b for b in best))
     progress(f"--winograd auto: Winograd for {len(chosen)} of {len(eligible)} eligible convolutions"
              + (f" ({untimed} have no Winograd record: tune with --winograd auto)" if untimed else "")
              + "".join(f"; {h}x{w}x{ci}->{co}: {tw * 1e3:.3f} vs {td * 1e3:.3f} ms direct"

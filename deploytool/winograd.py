@@ -25,8 +25,6 @@ default (`deploytool run --check` compares with onnxruntime at rtol 1e-4 of the 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 MIN_CHANNELS = 16   # below this the transforms cost more than the multiplies they save
@@ -179,26 +177,38 @@ def kernel_signature(name: str, shapes: list) -> tuple[tuple[int, ...], bool] | 
     return None
 
 
-def choose(direct: list, winograd: list, best_s: dict[str, float]) -> dict[tuple[int, ...], tuple[float, float]]:
+def choose(direct: list, winograd: list, best_s: list[dict[str, float]]) -> dict[tuple[int, ...], tuple[float, float]]:
     """``--winograd auto``: the convolutions to compute by Winograd, where the tuning log says its
     kernel is faster than the direct one. ``direct`` and ``winograd``: (name, workload hash, arg
     shapes) of the kernels of the model built without and with Winograd; ``best_s``: the log's best
-    latency per workload. Returns signature -> (direct seconds, Winograd seconds) for each chosen
-    convolution: both kernels have records and the Winograd one takes at most AUTO_MARGIN of the
-    direct one's time. A convolution whose direct
-    kernel has no record stays direct (so does one whose channels pad_channels widened: its direct
-    kernel's signature is the padded one, and pairs with nothing)."""
-    def times(kernels, wino):
-        out: dict[tuple[int, ...], float | None] = {}
-        for name, wl, shapes in kernels:
+    latency per workload, one dict per machine, preferred first: a convolution's two kernels are
+    compared on the first machine that timed both (latencies of two machines do not compare).
+    Returns signature -> (direct seconds, Winograd seconds) for each chosen convolution: the
+    Winograd kernel takes at most AUTO_MARGIN of the direct one's time. A convolution whose two
+    kernels no machine timed both of stays direct (so does one whose channels pad_channels
+    widened: its direct kernel's signature is then the padded one, and pairs with nothing)."""
+    def kernels(ks, wino):
+        out: dict[tuple[int, ...], list[str]] = {}
+        for name, wl, shapes in ks:
             sig = kernel_signature(name, shapes)
             if sig is not None and sig[1] == wino:
-                t = best_s.get(wl)
-                out[sig[0]] = t if out.get(sig[0]) is None else min(out[sig[0]], t if t is not None else math.inf)
+                out.setdefault(sig[0], []).append(wl)
         return out
 
-    d, w = times(direct, False), times(winograd, True)
-    return {sig: (d[sig], tw) for sig, tw in w.items() if tw is not None and d.get(sig) is not None and tw <= AUTO_MARGIN * d[sig]}
+    def fastest(wls, best):
+        ts = [best[h] for h in wls if h in best]
+        return min(ts) if ts else None
+
+    d, w = kernels(direct, False), kernels(winograd, True)
+    out = {}
+    for sig, wls in w.items():
+        for best in best_s:
+            td, tw = fastest(d.get(sig, []), best), fastest(wls, best)
+            if td is not None and tw is not None:
+                if tw <= AUTO_MARGIN * td:
+                    out[sig] = (td, tw)
+                break
+    return out
 
 
 def winograd_pass(tile: int = 4, only=None):
