@@ -193,8 +193,7 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    f"choose one of {', '.join(n for n in _targets.preset_names() if _targets.load(n).available)}")
-    _check_winograd(tgt, dtype, winograd)
-    winograd = False if winograd == "off" else winograd   # None: as the tuning log was tuned (below)
+    winograd = _check_winograd(tgt, dtype, winograd)   # None: as the tuning log was tuned (below)
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     if output is None:
         output = f"{Path(model).stem}-{tgt.name}" if tgt.artifact == "c-bundle" else "model.so"
@@ -587,8 +586,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     if not tgt.available:
         raise _targets.TargetError(f"target '{tgt.name}' is not available yet ({tgt.note})",
                                    "tune for an x86 or arm preset (see `deploytool targets`)")
-    _check_winograd(tgt, dtype, winograd)
-    winograd = False if winograd in (None, "off") else winograd
+    winograd = _check_winograd(tgt, dtype, winograd) or False
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     spec = _device_spec(device)
     if threads is not None and (spec is not None or tgt.family == "cuda"):
@@ -698,16 +696,16 @@ def _cost_model_file(choice: str, tgt, nearest: bool = False):
 
 # ----------------------------------------------------------------------------- logs
 def _conv_kernels(mod, winograd, tgt, dtype, split_k, cublas, cudnn):
-    """The partitioned module of ``mod`` built with ``winograd`` (see pipeline.optimize), and
-    (name, workload hash, argument shapes) of its kernels."""
+    """(name, workload hash, argument shapes) of the kernels of ``mod`` built with ``winograd``
+    (see pipeline.optimize)."""
     from tvm.s_tir import meta_schedule as ms
 
     from deploytool import pipeline
 
     part = pipeline.partition(pipeline.optimize(mod, tgt, dtype, split_k, winograd, cublas, cudnn), tgt)
-    return part, [(t.name, t.workload_hash, [[int(x) for x in a.shape]
-                                               for a in ms.arg_info.ArgInfo.from_prim_func(part[t.name])])
-                  for t in pipeline.tasks(part)]
+    return [(t.name, t.workload_hash, [[int(x) for x in a.shape]
+                                       for a in ms.arg_info.ArgInfo.from_prim_func(part[t.name])])
+            for t in pipeline.tasks(part)]
 
 
 def _winograd_of_log(tlog, tgt, dtype) -> bool | str:
@@ -727,20 +725,17 @@ def _winograd_of_log(tlog, tgt, dtype) -> bool | str:
 def _winograd_choice(mod, tgt, dtype, split_k, cublas, cudnn, tlog, tuned_on, progress) -> frozenset:
     """--winograd auto: the signatures (winograd.call_signature) of the convolutions whose Winograd
     kernel the log times faster than their direct kernel, both builds' kernels paired by shape."""
-    from deploytool import pipeline
     from deploytool import winograd as _wg
 
-    if not pipeline.winograd_applies(tgt, dtype, True):
-        return frozenset()
     best = []   # per machine, this build's first: a convolution's two kernels compare on one machine
     for dev in dict.fromkeys(d for d in (tuned_on, tlog.home, *tlog.devices()) if d):
         best.append({h: r.seconds for h, r in tlog.best_by_workload(dev).items() if tlog.device_of(r) == dev})
-    _, direct = _conv_kernels(mod, False, tgt, dtype, split_k, cublas, cudnn)
-    _, wino = _conv_kernels(mod, True, tgt, dtype, split_k, cublas, cudnn)
-    eligible = {sig[0] for name, _, shapes in wino if (sig := _wg.kernel_signature(name, shapes)) and sig[1]}
+    direct = _conv_kernels(mod, False, tgt, dtype, split_k, cublas, cudnn)
+    wino = _conv_kernels(mod, True, tgt, dtype, split_k, cublas, cudnn)
+    wkernels = [(h, sig[0]) for name, h, shapes in wino if (sig := _wg.kernel_signature(name, shapes)) and sig[1]]
+    eligible = {sig for _, sig in wkernels}
     chosen = _wg.choose(direct, wino, best)
-    untimed = sum(1 for name, h, shapes in wino
-                  if (sig := _wg.kernel_signature(name, shapes)) and sig[1] and not any(h in b for b in best))
+    untimed = sum(1 for h, _ in wkernels if not any(h in b for b in best))
     progress(f"--winograd auto: Winograd for {len(chosen)} of {len(eligible)} eligible convolutions"
              + (f" ({untimed} have no Winograd record: tune with --winograd auto)" if untimed else "")
              + "".join(f"; {h}x{w}x{ci}->{co}: {tw * 1e3:.3f} vs {td * 1e3:.3f} ms direct"
@@ -754,9 +749,7 @@ def _with_winograd_kernels(mod, task_list, imported_mod, tgt, dtype, split_k, cu
     function from the module by its name)."""
     from deploytool import pipeline
 
-    if not pipeline.winograd_applies(tgt, dtype, True):
-        return mod, task_list
-    wmod, _ = _conv_kernels(imported_mod, True, tgt, dtype, split_k, cublas, cudnn)
+    wmod = pipeline.partition(pipeline.optimize(imported_mod, tgt, dtype, split_k, True, cublas, cudnn), tgt)
     have = {t.workload_hash for t in task_list}
     names = {gv.name_hint for gv in mod.get_global_vars()}
     extra = []
@@ -781,7 +774,9 @@ def _check_vendor_libs(tgt, dtype: str, cublas: bool, cudnn: bool = False) -> No
                              f"drop {flag}, or add --dtype float16 for a CUDA target")
 
 
-def _check_winograd(tgt, dtype: str, winograd) -> None:
+def _check_winograd(tgt, dtype: str, winograd):
+    """--winograd's value checked against the target, "off" read as False (None, compile's "as
+    the log was tuned", is left to the caller)."""
     from deploytool import pipeline
 
     if winograd not in (None, False, True, "auto", "off"):
@@ -789,10 +784,11 @@ def _check_winograd(tgt, dtype: str, winograd) -> None:
                          "pass --winograd (every eligible convolution), --winograd auto (each the faster way, "
                          "by the tuning log) or --winograd off")
     if winograd in (None, "off"):
-        return
+        return False if winograd == "off" else None
     if winograd and not pipeline.winograd_applies(tgt, dtype, winograd):
         raise InputError(f"--winograd: Winograd convolutions are for CPU targets (x86, arm) in float32, not "
                          f"{tgt.name} in {dtype}", "drop --winograd")
+    return winograd
 
 
 def _this_machine(tgt) -> str | None:
@@ -865,8 +861,7 @@ def logs_check(log: str | Path, model: str | Path, *, target: str = "x86", input
 
     tlog = TuningLog.read(log)
     tgt = _targets.load(target)
-    _check_winograd(tgt, dtype, winograd)
-    winograd = False if winograd in (None, "off") else winograd
+    winograd = _check_winograd(tgt, dtype, winograd) or False
     _check_vendor_libs(tgt, dtype, cublas, cudnn)
     tlog.check_target(tgt)
     if tlog.header.get("emulated") and not allow_emulated:
