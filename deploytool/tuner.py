@@ -147,12 +147,34 @@ class TuneResult:
 
 
 def _estimate(states: list[TaskState], attr: str) -> float:
-    total = 0.0
-    for t in states:
+    """End-to-end latency: each task's ``attr`` (best_s: its default's where it has none) times its
+    calls. A convolution tuned both ways (``tune --winograd auto``: a direct and a Winograd
+    kernel, paired by ``winograd.kernel_signature``) counts once, the way compile would build it:
+    by Winograd where its kernel takes at most ``winograd.AUTO_MARGIN`` of the direct one's time;
+    untuned (``default_s``), directly, as a build without a log does."""
+    from deploytool import winograd
+
+    def value(t):
         v = getattr(t, attr)
         if attr == "best_s" and v == math.inf:
             v = t.default_s
-        total += (v if v < math.inf else 0.0) * max(t.calls, 1)
+        return v
+
+    pairs: dict[tuple, tuple[list, list]] = {}
+    for t in states:
+        sig = winograd.kernel_signature(t.name, [shape for shape, _ in t.args])
+        if sig is not None:
+            pairs.setdefault(sig[0], ([], []))[sig[1]].append(t)
+    left_out = set()
+    for direct, wino in pairs.values():
+        if direct and wino:
+            by_wino = attr == "best_s" and min(map(value, wino)) <= winograd.AUTO_MARGIN * min(map(value, direct))
+            left_out.update(id(t) for t in (direct if by_wino else wino))
+    total = 0.0
+    for t in states:
+        v = value(t)
+        if id(t) not in left_out:
+            total += (v if v < math.inf else 0.0) * max(t.calls, 1)
     return total
 
 

@@ -79,6 +79,33 @@ def test_te_winograd_matches_a_direct_convolution(tile):
     np.testing.assert_allclose(got, ref, rtol=0, atol=(2e-5 if tile == 2 else 1e-4) * np.abs(ref).max())
 
 
+@pytest.mark.fast
+def test_tuning_estimate_counts_a_convolution_tuned_both_ways_once():
+    """tune --winograd auto times a direct and a Winograd kernel for one convolution; the live
+    end-to-end estimate counts the one compile would take (Winograd at most AUTO_MARGIN of the
+    direct time), and the untuned estimate the direct one."""
+    from deploytool import winograd
+    from deploytool.tuner import TaskState, _estimate
+
+    def task(name, w, default_s, best_s, calls=2):
+        args = [([1, 28, 28, 128], "float32"), ([w, w, 128, 128], "float32"), ([1, 1, 1, 128], "float32"),
+                ([1, 28, 28, 128], "float32")]
+        return TaskState(name=name, workload=name, flops=1.0, calls=calls, args=args, default_s=default_s,
+                         best_s=best_s)
+
+    other = TaskState(name="fused_matmul", workload="m", flops=1.0, calls=1, args=[([4, 4], "float32")] * 3,
+                      default_s=0.5, best_s=0.25)
+    direct = task("fused_conv2d_add_relu", 3, 4.0, 2.0)
+    fast = task("fused_conv2d_winograd_add_relu", 6, 3.0, 2.0 * winograd.AUTO_MARGIN)
+    assert _estimate([direct, fast, other], "best_s") == pytest.approx(2 * 1.6 + 0.25)
+    assert _estimate([direct, fast, other], "default_s") == pytest.approx(2 * 4.0 + 0.5)
+    slow = task("fused_conv2d_winograd_add_relu", 6, 3.0, 1.9)  # faster, but not by the margin
+    assert _estimate([direct, slow, other], "best_s") == pytest.approx(2 * 2.0 + 0.25)
+    untimed = task("fused_conv2d_winograd_add_relu", 6, 3.0, float("inf"))  # only its default's time
+    assert _estimate([direct, untimed, other], "best_s") == pytest.approx(2 * 2.0 + 0.25)
+    assert _estimate([fast, other], "best_s") == pytest.approx(2 * 1.6 + 0.25)  # --winograd: no pair
+
+
 @pytest.mark.models
 def test_winograd_build_matches_onnxruntime_and_rewrites_only_3x3_stride_1(tmp_path, cli):
     import deploytool
