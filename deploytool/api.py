@@ -457,10 +457,11 @@ def bench(artifact: str | Path, *, compare: str | Path | None = None, inputs=Non
 
 def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned_on: str | None = None,
             inputs=None, seed: int = 0, threads: int | None = None, runs: int = 10, warmup: int = 3,
-            progress: Progress = _noop):
+            peak: bool = False, progress: Progress = _noop):
     """Each kernel's time inside the model, on this machine (deploytool.profile); with
     ``tuning_log``, next to the log's best record for the same kernel timed alone (this machine's
-    records, or ``tuned_on``'s)."""
+    records, or ``tuned_on``'s); with ``peak`` (x86 artifacts), as a % of this machine's FP32 peak
+    at the artifact's vector width, measured first (deploytool.peak)."""
     from deploytool import profiling as _profile
     from deploytool.runner import _on_gpu
     from deploytool.tuninglog import TuningLog
@@ -494,6 +495,7 @@ def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned
     runner = LocalRunner(art, threads=threads)
     feed = _inputs_for(art, inputs, seed)
     sync = runner.device.sync if _on_gpu(art) else None
+    peak_gflops = _peak_of(meta, threads, progress) if peak else None
     progress(f"profiling {Path(artifact).name}: {warmup} warm-up + {runs} runs")
     plain = runner.time(feed, warmup=warmup, repeats=runs)
     args = runner.to_device(feed)
@@ -506,7 +508,24 @@ def profile(artifact: str | Path, *, tuning_log: str | Path | None = None, tuned
     return _profile.Profile(artifact=str(artifact), runs=runs, threads=threads, wall_ms=plain.median_ms,
                             instrumented_ms=statistics.fmean(walls) * 1e3, kernels=kernels, builtins_ms=builtins_ms,
                             log=str(tuning_log) if tuning_log is not None else None, log_machine=machine, notes=notes,
-                            stalled=stalled)
+                            stalled=stalled, peak_gflops=peak_gflops)
+
+
+def _peak_of(meta: dict, threads: int, progress: Progress) -> float:
+    """profile --peak: this machine's FP32 peak for an x86 artifact (its vector width, ``threads``)."""
+    from deploytool.peak import measured_peak_gflops
+
+    t = meta.get("target") or {}
+    if t.get("family") != "x86":
+        raise InputError(f"--peak: measures x86 CPUs; this artifact is for {t.get('name')} ({t.get('family')})",
+                         "drop --peak")
+    wide = "avx512f" in (t.get("required_features") or [])
+    progress(f"measuring this machine's FP32 peak: {threads} threads of {'AVX-512' if wide else 'AVX2'} FMAs")
+    got = measured_peak_gflops(threads, wide)
+    if got is None:
+        raise InputError("--peak: could not build or run the FMA loop here (it needs gcc and an x86 CPU with "
+                         f"{'AVX-512' if wide else 'AVX2 and FMA'})", "drop --peak")
+    return got
 
 
 # ----------------------------------------------------------------------------- tune

@@ -170,6 +170,20 @@ def nominal_peak_gflops(threads: int, clock_ghz: float | None = None) -> tuple[f
     return threads * ghz * per_cycle, f"{threads} x {ghz:.2f} GHz x {per_cycle} FLOP/cycle"
 
 
+def machine_peak_gflops(threads: int, tgt, clock_ghz: float | None = None) -> tuple[float, str]:
+    """The FP32 peak the % of peak is taken of, and how it was had: measured here
+    (``measured_peak_gflops``, at the target's vector width), unless ``clock_ghz`` is given or it
+    can't be measured; then nominal (``nominal_peak_gflops``)."""
+    from deploytool.peak import measured_peak_gflops
+
+    if clock_ghz is None and tgt.family == "x86":
+        wide = tgt.vector_bits >= 512
+        got = measured_peak_gflops(threads, wide)
+        if got:
+            return got, f"measured: {threads} threads of independent {'AVX-512' if wide else 'AVX2'} FMAs"
+    return nominal_peak_gflops(threads, clock_ghz)
+
+
 def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path, target: str = "x86-avx512",
               trials_per_task: int = 64, threads: int | None = None, repeats: int = 20,
               clock_ghz: float | None = None, progress=print) -> dict[str, Any]:
@@ -178,8 +192,8 @@ def run_tuned(names: list[str] | None, cache: Path, out_dir: Path, log_dir: Path
     from deploytool.targets import default_threads, load
 
     threads = threads or default_threads()
-    peak, peak_how = nominal_peak_gflops(threads, clock_ghz)
     tgt = load(target)
+    peak, peak_how = machine_peak_gflops(threads, tgt, clock_ghz)
 
     def one(entry, path):
         log = log_dir / f"{entry['name']}-{target}.jsonl"

@@ -206,7 +206,7 @@ def cmd_profile(args) -> int:
     from deploytool import profiling as _profile
 
     p = api.profile(args.artifact, tuning_log=args.tuning_log, tuned_on=args.tuned_on, inputs=args.inputs,
-                    seed=args.seed, threads=args.threads, runs=args.runs, warmup=args.warmup,
+                    seed=args.seed, threads=args.threads, runs=args.runs, warmup=args.warmup, peak=args.peak,
                     progress=_Progress(args.quiet))
     if args.plot:
         _profile.plot(p, args.plot, top=args.top)
@@ -667,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", type=int, default=10, help="profiled runs (default: 10; each kernel's mean is shown)")
     s.add_argument("--warmup", type=int, default=3)
     s.add_argument("--top", type=int, default=20, help="kernels to list and plot (default: 20)")
+    s.add_argument("--peak", action="store_true", help="x86: also each kernel's %% of this machine's FP32 peak, "
+                   "measured first (a loop of FMAs at the artifact's vector width, on --threads threads; ~2 s)")
     s.add_argument("--plot", metavar="PNG", help="draw the kernels' times as a bar chart")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("-q", "--quiet", action="store_true")

@@ -56,6 +56,7 @@ class Profile:
     log_machine: str | None = None
     notes: list[str] = field(default_factory=list)
     stalled: int = 0  # instrumented runs left out as stalls (see steady); the means are over the others
+    peak_gflops: float | None = None  # this machine's measured FP32 peak (profile --peak; deploytool.peak)
 
     @property
     def kernels_ms(self) -> float:
@@ -71,6 +72,8 @@ class Profile:
         d = asdict(self)
         for k, row in zip(self.kernels, d["kernels"]):
             row.update(gflops=k.gflops, vs_log=k.vs_log)
+            if self.peak_gflops and k.gflops:
+                row["peak_pct"] = 100 * k.gflops / self.peak_gflops
         d.update(kernels_ms=self.kernels_ms, log_estimate_ms=self.log_estimate_ms)
         return d
 
@@ -163,6 +166,8 @@ def kernel_rows(rows, tasks: list[dict], log_best: dict[str, float] | None) -> l
 def table(p: Profile, top: int = 20) -> str:
     has_log = p.log is not None
     head = f"{'kernel':<44} {'calls':>5} {'ms':>8} {'share':>6} {'GFLOP/s':>8}"
+    if p.peak_gflops:
+        head += f" {'% peak':>6}"
     if has_log:
         head += f" {'log ms':>8} {'model/log':>9}"
     lines = [head]
@@ -170,6 +175,8 @@ def table(p: Profile, top: int = 20) -> str:
     for k in p.kernels[:top]:
         line = (f"{k.name[:44]:<44} {k.calls:>5} {k.ms:>8.3f} {100 * k.ms / total:>5.1f}% "
                 f"{(f'{k.gflops:.0f}' if k.gflops else '-'):>8}")
+        if p.peak_gflops:
+            line += f" {(f'{100 * k.gflops / p.peak_gflops:.0f}%' if k.gflops else '-'):>6}"
         if has_log:
             line += f" {(f'{k.log_ms:.3f}' if k.log_ms else '-'):>8} {(f'{k.vs_log:.2f}x' if k.vs_log else '-'):>9}"
         lines.append(line)
@@ -182,6 +189,9 @@ def table(p: Profile, top: int = 20) -> str:
     lines.append("")
     lines.append(f"latency {p.wall_ms:.3f} ms (median of {p.runs} runs, {p.threads} threads); instrumented "
                  f"{p.instrumented_ms:.3f} ms (mean), of which kernels {p.kernels_ms:.3f} ms")
+    if p.peak_gflops:
+        lines.append(f"% peak: of {p.peak_gflops:.0f} GFLOP/s, this machine's FP32 peak as {p.threads} threads of "
+                     "independent FMAs at the artifact's vector width measure it")
     if p.stalled:
         lines.append(f"{p.stalled} of {p.runs} instrumented runs left out: each took over {STALL}x the median run "
                      "(a stall of the machine); the means are over the rest")

@@ -118,9 +118,11 @@ def test_profile_puts_each_kernel_next_to_its_record(tuned, tiny_model, tmp_path
     so = tmp_path / "tuned.so"
     assert cli("compile", tiny_model, "--target", "x86", "--tuning-log", log, "-q", "-o", so).code == 0
     png = tmp_path / "profile.png"
-    r = cli("profile", so, "--tuning-log", log, "--runs", "3", "--plot", png, "--json", "-q")
+    r = cli("profile", so, "--tuning-log", log, "--runs", "3", "--plot", png, "--peak", "--json", "-q")
     assert r.code == 0, r
     p = json.loads(r.out)
+    assert p["peak_gflops"] > 0  # measured: this machine's FMA loop at the artifact's width
+    assert all(k["peak_pct"] == pytest.approx(100 * k["gflops"] / p["peak_gflops"]) for k in p["kernels"] if k["gflops"])
     table = {t["name"]: t for t in json.loads(cli("metadata", so).out)["kernel_table"]}
     names = {k["name"] for k in p["kernels"]}  # a kernel the final passes fold into a view is not called
     assert names <= set(table) and {n for n, t in table.items() if t["flops"]} <= names
@@ -132,6 +134,8 @@ def test_profile_puts_each_kernel_next_to_its_record(tuned, tiny_model, tmp_path
     assert 0 < p["kernels_ms"] <= p["instrumented_ms"] and p["wall_ms"] > 0
     assert p["log_estimate_ms"] == pytest.approx(sum(k["log_ms"] for k in p["kernels"]))
     assert png.read_bytes()[:4] == b"\x89PNG"
+    r = cli("profile", so, "--runs", "1", "--peak", "-q")
+    assert r.code == 0 and "% peak" in r.out.splitlines()[0] and "% peak: of " in r.out, r
     r = cli("profile", so, "--runs", "0")
     assert r.code == 2 and "--runs" in r.err and len(r.err.strip().splitlines()) == 1
 
