@@ -741,47 +741,52 @@ def _winograd_of_log(tlog, tgt, dtype) -> bool | str:
     return "auto" if any("winograd" in w.name for w in tlog.workloads.values()) else False
 
 
-def _winograd_choice(mod, tgt, dtype, split_k, cublas, cudnn, tlog, tuned_on, progress) -> frozenset:
-    """--winograd auto: the signatures (winograd.call_signature) of the convolutions whose Winograd
-    kernel the log times faster than their direct kernel, both builds' kernels paired by shape."""
+def _winograd_choice(mod, tgt, dtype, split_k, cublas, cudnn, tlog, tuned_on, progress) -> dict:
+    """--winograd auto: signature (winograd.call_signature) -> Winograd tile, for the convolutions
+    whose Winograd kernel (of some tile) the log times faster than their direct kernel, the builds'
+    kernels paired by shape (winograd.choose). Only the tiles the log has records of are built."""
     from deploytool import winograd as _wg
 
-    best = []   # per machine, this build's first: a convolution's two kernels compare on one machine
+    best = []   # per machine, this build's first: a convolution's kernels compare on one machine
     for dev in dict.fromkeys(d for d in (tuned_on, tlog.home, *tlog.devices()) if d):
         best.append({h: r.seconds for h, r in tlog.best_by_workload(dev).items() if tlog.device_of(r) == dev})
+    logged = {sig[1] for w in tlog.workloads.values()
+              if (sig := _wg.kernel_signature(w.name, [a[0] for a in w.args])) and sig[1]}
     direct = _conv_kernels(mod, False, tgt, dtype, split_k, cublas, cudnn)
-    wino = _conv_kernels(mod, True, tgt, dtype, split_k, cublas, cudnn)
+    wino = [k for m in sorted(logged) for k in _conv_kernels(mod, m, tgt, dtype, split_k, cublas, cudnn)]
     wkernels = [(h, sig[0]) for name, h, shapes in wino if (sig := _wg.kernel_signature(name, shapes)) and sig[1]]
     eligible = {sig for _, sig in wkernels}
     chosen = _wg.choose(direct, wino, best)
     untimed = sum(1 for h, _ in wkernels if not any(h in b for b in best))
     progress(f"--winograd auto: Winograd for {len(chosen)} of {len(eligible)} eligible convolutions"
-             + (f" ({untimed} have no Winograd record: tune with --winograd auto)" if untimed else "")
-             + "".join(f"; {h}x{w}x{ci}->{co}: {tw * 1e3:.3f} vs {td * 1e3:.3f} ms direct"
-                       for (n, h, w, ci, co, _, _), (td, tw) in sorted(chosen.items())))
-    return frozenset(chosen)
+             + (f" ({untimed} Winograd kernels have no record: tune with --winograd auto)" if untimed else "")
+             + "".join(f"; {h}x{w}x{ci}->{co}: F({m}x{m}) {tw * 1e3:.3f} vs {td * 1e3:.3f} ms direct"
+                       for (n, h, w, ci, co, _, _), (m, td, tw) in sorted(chosen.items())))
+    return {sig: m for sig, (m, _, _) in chosen.items()}
 
 
 def _with_winograd_kernels(mod, task_list, imported_mod, tgt, dtype, split_k, cublas, cudnn):
     """--winograd auto, tuning: the direct build's partitioned module and tasks, plus the Winograd
-    kernels of the build that rewrites every eligible convolution (the tuner takes a task's
-    function from the module by its name)."""
+    kernels of the builds that rewrite every eligible convolution, one build per tile
+    (winograd.TILES; the tuner takes a task's function from the module by its name)."""
     from deploytool import pipeline
+    from deploytool import winograd as _wg
 
-    wmod = pipeline.partition(pipeline.optimize(imported_mod, tgt, dtype, split_k, True, cublas, cudnn), tgt)
     have = {t.workload_hash for t in task_list}
     names = {gv.name_hint for gv in mod.get_global_vars()}
     extra = []
-    for t in pipeline.tasks(wmod):
-        if t.workload_hash in have:
-            continue
-        name = t.name
-        while name in names:
-            name += "_w"
-        names.add(name)
-        mod[name] = wmod[t.name]
-        extra.append(dataclasses.replace(t, name=name))
-        have.add(t.workload_hash)
+    for m in _wg.TILES:
+        wmod = pipeline.partition(pipeline.optimize(imported_mod, tgt, dtype, split_k, m, cublas, cudnn), tgt)
+        for t in pipeline.tasks(wmod):
+            if t.workload_hash in have:
+                continue
+            name = t.name
+            while name in names:
+                name += "_w"
+            names.add(name)
+            mod[name] = wmod[t.name]
+            extra.append(dataclasses.replace(t, name=name))
+            have.add(t.workload_hash)
     return mod, sorted(task_list + extra, key=lambda t: -t.flops * max(t.calls, 1))
 
 

@@ -52,8 +52,10 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     inputs and outputs keep their float32 interface. On CUDA, float16 and float32 matmuls and
     convolutions whose output is too small to fill the GPU are split along K (deploytool.splitk)
     unless ``split_k`` is False. ``winograd``: on CPUs, float32 3x3 stride-1 convolutions in
-    Winograd F(4x4, 3x3) (deploytool.winograd; after the layout conversion, which it needs): True
-    for every eligible one, or a set of signatures (winograd.call_signature) for those alone.
+    Winograd F(m x m, 3x3) (deploytool.winograd; after the layout conversion, which it needs): True
+    for every eligible one by F(4x4), a tile m (2 or 4) for every eligible one by F(m x m), a
+    mapping signature (winograd.call_signature) -> tile for those alone (--winograd auto's choice),
+    or a set of signatures for those alone by F(4x4).
     ``cublas``: CUDA, float16: matmuls on cuBLAS (deploytool.cublas), before split-K.
     ``cudnn``: CUDA, float16: convolutions in NHWC on cuDNN with their bias/residual/ReLU
     (deploytool.cudnn), before split-K (which then sees no convolution). Last, on CPUs, float32
@@ -110,8 +112,11 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
     if winograd_applies(target, dtype, winograd):
         from deploytool import winograd as _winograd
 
-        only = None if winograd is True else frozenset(winograd)  # a set of signatures: --winograd auto's choice
-        mod = _run_passes(_winograd.winograd_pass(only=only), mod, target, "Winograd rewrite")
+        if winograd is True or isinstance(winograd, int):
+            wpass = _winograd.winograd_pass(4 if winograd is True else winograd)
+        else:  # --winograd auto's choice: signature -> tile (or a set of signatures, by F(4x4))
+            wpass = _winograd.winograd_pass(only=dict(winograd) if isinstance(winograd, dict) else frozenset(winograd))
+        mod = _run_passes(wpass, mod, target, "Winograd rewrite")
     if target.family in ("x86", "arm") and layouts:
         from deploytool import pad_channels
 
@@ -126,7 +131,7 @@ def optimize(mod, target: Target, dtype: str = "float32", split_k: bool = True, 
 
 def winograd_applies(target: Target, dtype: str, winograd) -> bool:
     """Whether ``--winograd`` changes the kernels: CPU targets, float32. ``winograd``: True (every
-    eligible convolution), or the signatures of those to rewrite (deploytool.winograd.choose;
+    eligible convolution), a tile, or the signatures of those to rewrite (deploytool.winograd.choose;
     empty: none)."""
     return bool(winograd) and target.family in ("x86", "arm") and dtype == "float32"
 

@@ -148,10 +148,10 @@ class TuneResult:
 
 def _estimate(states: list[TaskState], attr: str) -> float:
     """End-to-end latency: each task's ``attr`` (best_s: its default's where it has none) times its
-    calls. A convolution tuned both ways (``tune --winograd auto``: a direct and a Winograd
-    kernel, paired by ``winograd.kernel_signature``) counts once, the way compile would build it:
-    by Winograd where its kernel takes at most ``winograd.AUTO_MARGIN`` of the direct one's time;
-    untuned (``default_s``), directly, as a build without a log does."""
+    calls. A convolution tuned several ways (``tune --winograd auto``: a direct kernel and a
+    Winograd kernel per tile, paired by ``winograd.kernel_signature``) counts once, the way compile
+    would build it (``winograd.pick``); untuned (``default_s``), directly, as a build without a log
+    does."""
     from deploytool import winograd
 
     def value(t):
@@ -160,16 +160,17 @@ def _estimate(states: list[TaskState], attr: str) -> float:
             v = t.default_s
         return v
 
-    pairs: dict[tuple, tuple[list, list]] = {}
+    convs: dict[tuple, dict[int, list]] = {}
     for t in states:
         sig = winograd.kernel_signature(t.name, [shape for shape, _ in t.args])
         if sig is not None:
-            pairs.setdefault(sig[0], ([], []))[sig[1]].append(t)
+            convs.setdefault(sig[0], {}).setdefault(sig[1], []).append(t)
     left_out = set()
-    for direct, wino in pairs.values():
-        if direct and wino:
-            by_wino = attr == "best_s" and min(map(value, wino)) <= winograd.AUTO_MARGIN * min(map(value, direct))
-            left_out.update(id(t) for t in (direct if by_wino else wino))
+    for hows in convs.values():
+        if 0 in hows and len(hows) > 1:
+            times = {how: min(map(value, ts)) for how, ts in hows.items()}
+            keep = winograd.pick(times) if attr == "best_s" else 0
+            left_out.update(id(t) for how, ts in hows.items() if how != keep for t in ts)
     total = 0.0
     for t in states:
         v = value(t)

@@ -160,11 +160,12 @@ def call_signature(call) -> tuple[int, ...]:
     return n, h, w, ci, co, h + pad[0] + pad[2] - 2, w + pad[1] + pad[3] - 2
 
 
-def kernel_signature(name: str, shapes: list) -> tuple[tuple[int, ...], bool] | None:
+def kernel_signature(name: str, shapes: list) -> tuple[tuple[int, ...], int] | None:
     """For a kernel computing one 3x3 NHWC convolution (its arguments' ``shapes``: data first, the
-    output last): ((N, H, W, CI, CO, OH, OW), whether by Winograd: its weights transformed to
-    alpha x alpha); None for any other kernel. The direct and the Winograd kernel of one
-    convolution have the same signature, which is how ``--winograd auto`` pairs them."""
+    output last): ((N, H, W, CI, CO, OH, OW), how: 0 for a direct kernel, else the Winograd tile m
+    of F(m x m, 3 x 3), its weights transformed to (m+2) x (m+2)); None for any other kernel. The
+    direct and the Winograd kernels of one convolution have the same signature, which is how
+    ``--winograd auto`` pairs them."""
     if len(shapes) < 3 or any(len(s) != 4 for s in (shapes[0], shapes[-1])):
         return None
     n, h, w, ci = shapes[0]
@@ -173,66 +174,82 @@ def kernel_signature(name: str, shapes: list) -> tuple[tuple[int, ...], bool] | 
             wino = "winograd" in name and s[0] in {t + 2 for t in TILES}
             if s[0] == 3 or wino:
                 on, oh, ow, co = shapes[-1]
-                return ((n, h, w, ci, co, oh, ow), wino) if on == n else None
+                return ((n, h, w, ci, co, oh, ow), s[0] - 2 if wino else 0) if on == n else None
     return None
 
 
-def choose(direct: list, winograd: list, best_s: list[dict[str, float]]) -> dict[tuple[int, ...], tuple[float, float]]:
-    """``--winograd auto``: the convolutions to compute by Winograd, where the tuning log says its
-    kernel is faster than the direct one. ``direct`` and ``winograd``: (name, workload hash, arg
-    shapes) of the kernels of the model built without and with Winograd; ``best_s``: the log's best
-    latency per workload, one dict per machine, preferred first: a convolution's two kernels are
-    compared on the first machine that timed both (latencies of two machines do not compare).
-    Returns signature -> (direct seconds, Winograd seconds) for each chosen convolution: the
-    Winograd kernel takes at most AUTO_MARGIN of the direct one's time. A convolution whose two
-    kernels no machine timed both of stays direct (so does one whose channels pad_channels
-    widened: its direct kernel's signature is then the padded one, and pairs with nothing)."""
-    def kernels(ks, wino):
-        out: dict[tuple[int, ...], list[str]] = {}
+def pick(times: dict[int, float]) -> int:
+    """Of one convolution's kernels timed on one machine (how -> seconds: 0 direct, m the
+    Winograd F(m x m) tile), how to compute it: the fastest Winograd tile where it takes at most
+    AUTO_MARGIN of the direct kernel's time, else 0 (direct; also where the direct kernel has no
+    time)."""
+    wino = {m: t for m, t in times.items() if m}
+    if 0 not in times or not wino:
+        return 0
+    m = min(wino, key=wino.get)
+    return m if wino[m] <= AUTO_MARGIN * times[0] else 0
+
+
+def choose(direct: list, winograd: list, best_s: list[dict[str, float]]) -> dict[tuple[int, ...], tuple[int, float, float]]:
+    """``--winograd auto``: the convolutions to compute by Winograd, and with which tile, where the
+    tuning log says that kernel is faster than the direct one. ``direct`` and ``winograd``: (name,
+    workload hash, arg shapes) of the kernels of the model built without Winograd and with it (a
+    build per tile, their kernels together); ``best_s``: the log's best latency per workload, one
+    dict per machine, preferred first: a convolution's kernels are compared on the first machine
+    that timed the direct one and a Winograd one (latencies of two machines do not compare).
+    Returns signature -> (tile, direct seconds, Winograd seconds) for each chosen convolution
+    (``pick``). A convolution no machine timed both ways stays direct (so does one whose channels
+    pad_channels widened: its direct kernel's signature is then the padded one, and pairs with
+    nothing)."""
+    kernels: dict[tuple[int, ...], dict[int, list[str]]] = {}
+    for ks, wino in ((direct, False), (winograd, True)):
         for name, wl, shapes in ks:
             sig = kernel_signature(name, shapes)
-            if sig is not None and sig[1] == wino:
-                out.setdefault(sig[0], []).append(wl)
-        return out
-
-    def fastest(wls, best):
-        ts = [best[h] for h in wls if h in best]
-        return min(ts) if ts else None
-
-    d, w = kernels(direct, False), kernels(winograd, True)
+            if sig is not None and bool(sig[1]) == wino:
+                kernels.setdefault(sig[0], {}).setdefault(sig[1], []).append(wl)
     out = {}
-    for sig, wls in w.items():
+    for sig, hows in kernels.items():
         for best in best_s:
-            td, tw = fastest(d.get(sig, []), best), fastest(wls, best)
-            if td is not None and tw is not None:
-                if tw <= AUTO_MARGIN * td:
-                    out[sig] = (td, tw)
+            times = {how: min(ts) for how, wls in hows.items() if (ts := [best[h] for h in wls if h in best])}
+            if 0 in times and len(times) > 1:
+                m = pick(times)
+                if m:
+                    out[sig] = (m, times[0], times[m])
                 break
     return out
 
 
 def winograd_pass(tile: int = 4, only=None):
     """A module pass computing every eligible conv2d (see ``eligible``) by Winograd F(tile, 3);
-    with ``only`` (a collection of ``call_signature``s), just those among them."""
+    with ``only``, just some: a mapping ``call_signature`` -> tile (each its own tile), or a
+    collection of signatures (by ``tile``)."""
     import tvm
     from tvm import relax
 
     from deploytool.pipeline import _relax_function_pass
 
-    if tile not in TILES:
-        raise ValueError(f"Winograd tile {tile}: use one of {TILES}")
+    tiles = dict(only) if isinstance(only, dict) else None
+    for t in (tile, *(tiles or {}).values()):
+        if t not in TILES:
+            raise ValueError(f"Winograd tile {t}: use one of {TILES}")
     conv_op = tvm.ir.Op.get("relax.nn.conv2d")
 
     @relax.expr_functor.mutator
     class Rewriter(relax.PyExprMutator):
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if call.op != conv_op or not eligible(call, tile):
+            if call.op != conv_op:
                 return call
-            if only is not None and call_signature(call) not in only:
+            m = tile
+            if only is not None:
+                sig = call_signature(call) if eligible(call, min(TILES)) else None
+                if sig not in only:
+                    return call
+                m = tiles[sig] if tiles is not None else tile
+            if not eligible(call, m):
                 return call
-            u = transform_weights(call.args[1].value.numpy(), tile)
-            return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), _padding(call.attrs), tile,
+            u = transform_weights(call.args[1].value.numpy(), m)
+            return self.builder_.call_te(conv2d_nhwc, call.args[0], relax.const(u), _padding(call.attrs), m,
                                          primfunc_name_hint="conv2d_winograd")
 
     return _relax_function_pass(Rewriter, "Winograd")

@@ -103,6 +103,9 @@ def test_tuning_estimate_counts_a_convolution_tuned_both_ways_once():
     assert _estimate([direct, slow, other], "best_s") == pytest.approx(2 * 2.0 + 0.25)
     untimed = task("fused_conv2d_winograd_add_relu", 6, 3.0, float("inf"))  # only its default's time
     assert _estimate([direct, untimed, other], "best_s") == pytest.approx(2 * 2.0 + 0.25)
+    f2 = task("fused_conv2d_winograd_add_relu_w", 4, 3.0, 1.5)  # F(2x2): 4x4 transformed weights, the fastest
+    assert _estimate([direct, fast, f2, other], "best_s") == pytest.approx(2 * 1.5 + 0.25)
+    assert _estimate([direct, slow, f2, other], "default_s") == pytest.approx(2 * 4.0 + 0.5)
     assert _estimate([fast, other], "best_s") == pytest.approx(2 * 1.6 + 0.25)  # --winograd: no pair
 
 
@@ -154,10 +157,10 @@ def test_winograd_log_replays_and_a_build_without_it_is_told(tmp_path, cli):
 
 @pytest.mark.tuning
 def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_path, cli):
-    """--winograd auto: tuning gives each eligible convolution both its kernels, direct and
-    Winograd (paired by shape); compile builds each convolution with the one its log times faster.
-    The log's Winograd timings are then scaled, 10x faster for the 16-channel convolution and 10x
-    slower for the 24-channel one, so that the choice is known whatever this machine measured."""
+    """--winograd auto: tuning gives each eligible convolution its kernels, direct and Winograd
+    F(2x2) and F(4x4) (paired by shape); compile builds each convolution with the one its log
+    times fastest. The log's Winograd timings are then scaled, the 16-channel convolution's F(2x2)
+    10x faster and the rest 10x slower, so that the choice is known whatever this machine measured."""
     import dataclasses
 
     import deploytool
@@ -177,8 +180,8 @@ def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_
     for h, sig in sigs.items():
         if sig is not None:
             pairs.setdefault(sig[0], {})[sig[1]] = h
-    assert len(pairs) == 2 and all(set(p) == {False, True} for p in pairs.values()), (pairs, sigs)  # both ways
-    scale = {p[True]: 0.1 if sig[4] == 16 else 10.0 for sig, p in pairs.items()}
+    assert len(pairs) == 2 and all(set(p) == {0, 2, 4} for p in pairs.values()), (pairs, sigs)  # every way
+    scale = {p[m]: 0.1 if (sig[4], m) == (16, 2) else 10.0 for sig, p in pairs.items() for m in (2, 4)}
     recs = [dataclasses.replace(r, latency_s=[x * scale[r.workload] for x in r.latency_s])
             if r.workload in scale and r.latency_s else r for r in tlog.records]
     log2 = tmp_path / "scaled.jsonl"
@@ -187,13 +190,13 @@ def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_
     c = cli("compile", model, "--target", "x86", "--winograd", "auto", "--tuning-log", log2, "--require-tuned",
             "-o", out)
     assert c.code == 0, c
-    assert "Winograd for 1 of 2 eligible convolutions" in c.out + c.err, c
+    assert "Winograd for 1 of 2 eligible convolutions" in c.out + c.err and "F(2x2)" in c.out + c.err, c
     meta = json.loads(cli("metadata", out).out)
     assert meta["winograd"] is True and meta["winograd_auto"] == 1, meta
     kernels = {k["name"]: k["workload_hash"] for k in meta["kernel_table"]}
     wino = [h for n, h in kernels.items() if "winograd" in n]
-    assert wino == [p[True] for sig, p in pairs.items() if sig[4] == 16], (kernels, pairs)
-    assert [p[False] for sig, p in pairs.items() if sig[4] == 24][0] in kernels.values()
+    assert wino == [p[2] for sig, p in pairs.items() if sig[4] == 16], (kernels, pairs)
+    assert [p[0] for sig, p in pairs.items() if sig[4] == 24][0] in kernels.values()
     assert all(meta_s == "tuned" for meta_s in (k["schedule"] for k in meta["kernel_table"])), meta["kernel_table"]
     r = cli("run", out, "--check", model)
     assert r.code == 0 and "check passed" in r.out, r
