@@ -32,6 +32,7 @@ MIN_TILES = 16      # fewer output tiles: the transformed weights (4x the 3x3 on
 MAX_WEIGHT_BYTES = 32 << 20  # larger transformed weights stream from DRAM (YOLOv3-tiny's 512->1024 conv at
 #                              13x13, 75 MB: 14.0 ms by Winograd vs 7.8 ms direct, measured alone)
 TILES = (2, 4)
+SEPARABLE = (4,)  # tiles whose transforms are computed in two passes (see conv2d_nhwc)
 # --winograd auto takes a convolution's Winograd kernel when its record is at most this fraction of
 # the direct kernel's. Timed alone, a Winograd kernel finds its intermediate tiles (the transformed
 # input and the GEMM's output: MBs of workspace, not arguments, so the cold timing's flush leaves
@@ -58,62 +59,91 @@ def transform_weights(w_hwio: np.ndarray, tile: int) -> np.ndarray:
 
 def conv2d_nhwc(data, u, padding, tile: int):
     """TE: NHWC ``data`` convolved with 3x3 weights given as Winograd-transformed ``u``
-    [alpha, alpha, CI, CO]; ``padding`` (top, left, bottom, right)."""
+    [alpha, alpha, CI, CO]; ``padding`` (top, left, bottom, right).
+
+    The transforms are written out term by term, over the nonzero coefficients only (+-1 as
+    additions and subtractions). For F(4x4) (``SEPARABLE``) each is two passes: B^T d B one over
+    the tile's rows (``data_pack_rows``) then one over its columns (``data_pack``), the inverse
+    A^T M A likewise (``inverse_rows``, ``inverse``); for F(2x2), whose B has two nonzeros a
+    column, one pass each. F(4x4)'s transforms written as one 6 x 6 reduction over a matrix of
+    constants (before 2026-12-05) took 3x the arithmetic: its kernel ran 1.25-1.55x longer, cold
+    (14x14x256, 28x28x128, 56x56x64 convolutions, Zen 5)."""
     from tvm import te, topi
 
     a_np, b_np, _ = transform_matrices(tile)
     n, h, w, ci = (int(x) for x in data.shape)
     alpha, co = int(u.shape[0]), int(u.shape[3])
     m = tile
+    dtype = str(data.dtype)
     pt, pl, pb, pr = padding
     oh, ow = h + pt + pb - 2, w + pl + pr - 2
     nh, nw = -(-oh // m), -(-ow // m)
     p_all = n * nh * nw
-    a_mat = _const_matrix(a_np, str(data.dtype), "A")
-    b_mat = _const_matrix(b_np, str(data.dtype), "B")
     data_pad = topi.nn.pad(data, (0, pt, pl, 0),
                            (0, nh * m + 2 - h - pt, nw * m + 2 - w - pl, 0), name="data_pad")
-    ra = te.reduce_axis((0, alpha), "r_a")
-    rb = te.reduce_axis((0, alpha), "r_b")
-    # the input tile is read straight from the padded input (no separate gather stage)
-    v = te.compute(
-        (alpha, alpha, p_all, ci),
-        lambda eps, nu, p, c: te.sum(
-            data_pad[p // (nh * nw), (p // nw) % nh * m + ra, p % nw * m + rb, c]
-            * b_mat[ra, eps] * b_mat[rb, nu], axis=[ra, rb]),
-        name="data_pack")
+
+    def tile_in(ra, rb, p, c):  # the input tile, read straight from the padded input
+        return data_pad[p // (nh * nw), (p // nw) % nh * m + ra, p % nw * m + rb, c]
+
+    # V[eps, nu] = sum_ra sum_rb B[ra, eps] d[ra, rb] B[rb, nu]
+    if tile in SEPARABLE:
+        rows = te.compute((alpha, alpha, p_all, ci),
+                          lambda eps, rb, p, c: _by_column(b_np, eps, lambda ra: tile_in(ra, rb, p, c), dtype),
+                          name="data_pack_rows")
+        v = te.compute((alpha, alpha, p_all, ci),
+                       lambda eps, nu, p, c: _by_column(b_np, nu, lambda rb: rows[eps, rb, p, c], dtype),
+                       name="data_pack")
+    else:
+        v = te.compute((alpha, alpha, p_all, ci),
+                       lambda eps, nu, p, c: _by_column(b_np, eps, lambda ra: _by_column(
+                           b_np, nu, lambda rb: tile_in(ra, rb, p, c), dtype), dtype),
+                       name="data_pack")
     k = te.reduce_axis((0, ci), "ci")
     mm = te.compute((alpha, alpha, p_all, co),
                     lambda eps, nu, p, o: te.sum(v[eps, nu, p, k] * u[eps, nu, k, o], axis=[k]),
                     name="bgemm")
-    ra2 = te.reduce_axis((0, alpha), "r_a")
-    rb2 = te.reduce_axis((0, alpha), "r_b")
-    y = te.compute((m, m, p_all, co),
-                   lambda vh, vw, p, o: te.sum(mm[ra2, rb2, p, o] * a_mat[ra2, vh] * a_mat[rb2, vw],
-                                               axis=[ra2, rb2]),
-                   name="inverse")
+    # Y[vh, vw] = sum_ra sum_rb A[ra, vh] M[ra, rb] A[rb, vw]
+    if tile in SEPARABLE:
+        inv_rows = te.compute((m, alpha, p_all, co),
+                              lambda vh, rb, p, o: _by_column(a_np, vh, lambda ra: mm[ra, rb, p, o], dtype),
+                              name="inverse_rows")
+        y = te.compute((m, m, p_all, co),
+                       lambda vh, vw, p, o: _by_column(a_np, vw, lambda rb: inv_rows[vh, rb, p, o], dtype),
+                       name="inverse")
+    else:
+        y = te.compute((m, m, p_all, co),
+                       lambda vh, vw, p, o: _by_column(a_np, vh, lambda ra: _by_column(
+                           a_np, vw, lambda rb: mm[ra, rb, p, o], dtype), dtype),
+                       name="inverse")
     return te.compute((n, oh, ow, co),
                       lambda b, i, j, o: y[i % m, j % m, b * nh * nw + i // m * nw + j // m, o],
                       name="conv2d_winograd")
 
 
-def _const_matrix(mat: np.ndarray, dtype: str, name: str):
-    """A TE tensor holding ``mat`` as a Select chain (topi's const_matrix without its
-    ``schedule_rule: None`` mark, which kept MetaSchedule from inlining it: inlined and unrolled,
-    the transforms' zero and one coefficients fold away)."""
-    from tvm import te, tirx
+def _by_column(mat: np.ndarray, col, term, dtype: str):
+    """sum_r mat[r, col] * term(r) for a column index ``col`` (a loop variable, which the schedule
+    unrolls): a Select over the columns of the sums written out over each column's nonzero
+    coefficients, those of +-1 as additions and subtractions."""
+    from tvm import tirx
 
-    rows, cols = mat.shape
-
-    def value(i, j):
-        out = tirx.const(0.0, dtype)
-        for a in range(rows):
-            for b in range(cols):
-                if mat[a, b] != 0:
-                    out = tirx.Select(tirx.all(i == a, j == b), tirx.const(float(mat[a, b]), dtype), out)
-        return out
-
-    return te.compute((rows, cols), value, name=name)
+    sums = []
+    for j in range(mat.shape[1]):
+        out = None
+        for r in range(mat.shape[0]):
+            c = float(mat[r, j])
+            if c == 0.0:
+                continue
+            t = term(r)
+            if c in (1.0, -1.0):
+                out = (t if c > 0 else -t) if out is None else (out + t if c > 0 else out - t)
+            else:
+                t = t * tirx.const(c, dtype)
+                out = t if out is None else out + t
+        sums.append(out if out is not None else tirx.const(0.0, dtype))
+    expr = sums[-1]
+    for j in range(len(sums) - 2, -1, -1):
+        expr = tirx.Select(col == j, sums[j], expr)
+    return expr
 
 
 def _padding(attrs) -> tuple[int, int, int, int]:

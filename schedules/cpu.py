@@ -326,40 +326,46 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
 
 # --------------------------------------------------------------------------- rule 0
 def winograd(sch, tvm_target, params: CPUParams):
-    """Winograd convolutions (deploytool.winograd: blocks data_pack, bgemm, inverse), stage by
-    stage, each in its own parallel loop: the input transform and the inverse transform with their
-    small transform loops unrolled (the constant matrices inlined, so their zeros and ones fold
-    away) and the channels vectorized; the batched GEMM register-blocked like ``tile_reduction``
-    (output channels in vectors, tiles as rows); the epilogue (bias, activation) vectorized over
-    the output channels, reading the inverse transform's tiles."""
+    """Winograd convolutions (deploytool.winograd: blocks data_pack_rows, data_pack, bgemm,
+    inverse_rows, inverse), stage by stage, each in its own parallel loop: the input transform and
+    the inverse transform over (tiles x channel vectors), each tile's row pass computed next to its
+    column pass in a local buffer, their small transform loops unrolled (the Select over columns
+    folds away) and the channels vectorized; the batched GEMM register-blocked like
+    ``tile_reduction`` (output channels in vectors, tiles as rows); the epilogue (bias,
+    activation) vectorized over the output channels, reading the inverse transform's tiles."""
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     if not {"data_pack", "bgemm", "inverse"} <= names:
         return None
+    stages = [n for n in ("data_pack_rows", "data_pack", "bgemm", "inverse_rows", "inverse") if n in names]
     root = sch.get_sblock("root")
     lanes = params.vector_lanes
-    keep = [sch.get_sblock("data_pad")] if "data_pad" in names else []
-    for name in ("A", "B"):
-        if name in names:
-            sch.compute_inline(sch.get_sblock(name))
-    _inline_spatial_intermediates(sch, root, keep)   # the output gather, into the epilogue
-    for pad in keep:
+    pads = [sch.get_sblock("data_pad")] if "data_pad" in names else []
+    _inline_spatial_intermediates(sch, root, pads + [sch.get_sblock(n) for n in stages])  # the output gather
+    for pad in pads:
         _parallel_vectorize(sch, pad, params)
 
     def transform(name):
-        # (e1, e2, p, c) spatial, (r1, r2) reduction -> parallel p, c-chunks; unrolled e1 e2 r1 r2; vector c
+        # (e1, e2, p, c) -> parallel (p, c-chunks); unrolled e1 e2; vector c. Its row pass, if
+        # any, (e1, r, p, c) at the same (p, c-chunk), in a local buffer
         blk = sch.get_sblock(name)
-        e1, e2, pp, c, r1, r2 = sch.get_loops(blk)
+        e1, e2, pp, c = sch.get_loops(blk)
         ext_c = _const(sch.get(c).extent)
         v = _vector_tile(ext_c, lanes) if ext_c % lanes == 0 else _divisor_at_most(ext_c, lanes)
         co, ci = sch.split(c, factors=[None, min(v, lanes)])
-        sch.reorder(pp, co, e1, e2, r1, r2, ci)
+        sch.reorder(pp, co, e1, e2, ci)
         fused = sch.fuse(pp, co)
         sch.parallel(fused)
-        for lp in (e1, e2, r1, r2):
-            sch.unroll(lp)
+        sch.unroll(e1)
+        sch.unroll(e2)
         sch.vectorize(ci)
-        init = sch.decompose_reduction(blk, r1)
-        _vectorize_inner(sch, sch.get_loops(init)[-1], lanes)
+        if name + "_rows" not in names:  # one pass (F(2x2))
+            return
+        rows = sch.get_sblock(name + "_rows")
+        sch.compute_at(rows, fused, preserve_unit_loops=True)
+        sch.set_scope(rows, 0, "local")
+        for lp in sch.get_loops(rows)[1:-1]:
+            sch.unroll(lp)
+        _vectorize_inner(sch, sch.get_loops(rows)[-1], lanes)
 
     transform("data_pack")
     transform("inverse")
@@ -388,7 +394,7 @@ def winograd(sch, tvm_target, params: CPUParams):
 
     # the epilogue: whatever is left after the inverse transform (the output gather + bias + act.)
     for b in sch.get_child_blocks(root):
-        if sch.get(b).name_hint not in ("data_pad", "data_pack", "bgemm", "inverse") \
+        if sch.get(b).name_hint not in ("data_pad", *stages) \
                 and not sch.get(b).name_hint.endswith("_local") and _is_spatial_block(sch, b):
             loops = sch.get_loops(b)
             if loops and not any(sch.get(lp).kind == 1 for lp in loops):  # not already parallel
