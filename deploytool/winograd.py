@@ -61,11 +61,11 @@ def conv2d_nhwc(data, u, padding, tile: int):
     """TE: NHWC ``data`` convolved with 3x3 weights given as Winograd-transformed ``u``
     [alpha, alpha, CI, CO]; ``padding`` (top, left, bottom, right).
 
-    The transforms are written out term by term, over the nonzero coefficients only (+-1 as
-    additions and subtractions). For F(4x4) (``SEPARABLE``) each is two passes: B^T d B one over
-    the tile's rows (``data_pack_rows``) then one over its columns (``data_pack``), the inverse
-    A^T M A likewise (``inverse_rows``, ``inverse``); for F(2x2), whose B has two nonzeros a
-    column, one pass each. F(4x4)'s transforms written as one 6 x 6 reduction over a matrix of
+    The input transform is written out term by term, over the nonzero coefficients only (+-1 as
+    additions and subtractions): for F(4x4) (``SEPARABLE``) in two passes, B^T d B one over the
+    tile's rows (``data_pack_rows``) then one over its columns (``data_pack``); for F(2x2), whose
+    B has two nonzeros a column, in one. The inverse A^T M A is two small reductions
+    (``inverse_rows``, ``inverse``). F(4x4)'s transforms written as one 6 x 6 reduction over a matrix of
     constants (before 2026-12-05) took 3x the arithmetic: its kernel ran 1.25-1.55x longer, cold
     (14x14x256, 28x28x128, 56x56x64 convolutions, Zen 5)."""
     from tvm import te, topi
@@ -102,22 +102,33 @@ def conv2d_nhwc(data, u, padding, tile: int):
     mm = te.compute((alpha, alpha, p_all, co),
                     lambda eps, nu, p, o: te.sum(v[eps, nu, p, k] * u[eps, nu, k, o], axis=[k]),
                     name="bgemm")
-    # Y[vh, vw] = sum_ra sum_rb A[ra, vh] M[ra, rb] A[rb, vw]
-    if tile in SEPARABLE:
-        inv_rows = te.compute((m, alpha, p_all, co),
-                              lambda vh, rb, p, o: _by_column(a_np, vh, lambda ra: mm[ra, rb, p, o], dtype),
-                              name="inverse_rows")
-        y = te.compute((m, m, p_all, co),
-                       lambda vh, vw, p, o: _by_column(a_np, vw, lambda rb: inv_rows[vh, rb, p, o], dtype),
-                       name="inverse")
-    else:
-        y = te.compute((m, m, p_all, co),
-                       lambda vh, vw, p, o: _by_column(a_np, vh, lambda ra: _by_column(
-                           a_np, vw, lambda rb: mm[ra, rb, p, o], dtype), dtype),
-                       name="inverse")
+    # Y[vh, vw] = sum_ra sum_rb A[ra, vh] M[ra, rb] A[rb, vw], two passes, each a reduction with
+    # its coefficients a Select over A (zeros included): written out over the GEMM's output at
+    # constant rows, its consumers made MultiLevelTiling's write reuse fail in the search
+    # ("TensorRegion pattern match failed")
+    ra = te.reduce_axis((0, alpha), "r_a")
+    inv_rows = te.compute((m, alpha, p_all, co),
+                          lambda vh, rb, p, o: te.sum(mm[ra, rb, p, o] * _coefficient(a_np, ra, vh, dtype), axis=[ra]),
+                          name="inverse_rows")
+    rb = te.reduce_axis((0, alpha), "r_b")
+    y = te.compute((m, m, p_all, co),
+                   lambda vh, vw, p, o: te.sum(inv_rows[vh, rb, p, o] * _coefficient(a_np, rb, vw, dtype), axis=[rb]),
+                   name="inverse")
     return te.compute((n, oh, ow, co),
                       lambda b, i, j, o: y[i % m, j % m, b * nh * nw + i // m * nw + j // m, o],
                       name="conv2d_winograd")
+
+
+def _coefficient(mat: np.ndarray, i, j, dtype: str):
+    """mat[i, j] for loop variables i, j (unrolled by the schedule): a Select over its nonzeros."""
+    from tvm import tirx
+
+    out = tirx.const(0.0, dtype)
+    for a in range(mat.shape[0]):
+        for b in range(mat.shape[1]):
+            if mat[a, b] != 0:
+                out = tirx.Select(tirx.all(i == a, j == b), tirx.const(float(mat[a, b]), dtype), out)
+    return out
 
 
 def _by_column(mat: np.ndarray, col, term, dtype: str):

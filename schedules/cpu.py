@@ -344,28 +344,41 @@ def winograd(sch, tvm_target, params: CPUParams):
     for pad in pads:
         _parallel_vectorize(sch, pad, params)
 
-    def transform(name):
-        # (e1, e2, p, c) -> parallel (p, c-chunks); unrolled e1 e2; vector c. Its row pass, if
-        # any, (e1, r, p, c) at the same (p, c-chunk), in a local buffer
-        blk = sch.get_sblock(name)
-        e1, e2, pp, c = sch.get_loops(blk)
-        ext_c = _const(sch.get(c).extent)
-        v = _vector_tile(ext_c, lanes) if ext_c % lanes == 0 else _divisor_at_most(ext_c, lanes)
-        co, ci = sch.split(c, factors=[None, min(v, lanes)])
-        sch.reorder(pp, co, e1, e2, ci)
-        fused = sch.fuse(pp, co)
-        sch.parallel(fused)
-        sch.unroll(e1)
-        sch.unroll(e2)
-        sch.vectorize(ci)
-        if name + "_rows" not in names:  # one pass (F(2x2))
-            return
-        rows = sch.get_sblock(name + "_rows")
-        sch.compute_at(rows, fused, preserve_unit_loops=True)
-        sch.set_scope(rows, 0, "local")
-        for lp in sch.get_loops(rows)[1:-1]:
+    def one_pass(blk, inner: bool):
+        # a transform pass, loops (e1, e2, p, c[, k]): unrolled e1 e2 (k), vector c; top level,
+        # parallel over (p, c-chunks) (returns that loop); inner, at its consumer's (p, c-chunk)
+        loops = sch.get_loops(blk)[1 if inner else 0:]
+        reduction = len(loops) == 5
+        if reduction:  # (e1, e2, p, c, k) -> (e1, e2, p, k, c)
+            sch.reorder(loops[4], loops[3])
+            loops = sch.get_loops(blk)[1 if inner else 0:]
+        fused = None
+        if not inner:
+            e1, e2, pp, *k, c = loops
+            ext_c = _const(sch.get(c).extent)
+            v = _vector_tile(ext_c, lanes) if ext_c % lanes == 0 else _divisor_at_most(ext_c, lanes)
+            co, ci = sch.split(c, factors=[None, min(v, lanes)])
+            sch.reorder(pp, co, e1, e2, *k, ci)
+            fused = sch.fuse(pp, co)
+            sch.parallel(fused)
+            loops = [e1, e2, *k, ci]
+        for lp in loops[:-1]:
             sch.unroll(lp)
-        _vectorize_inner(sch, sch.get_loops(rows)[-1], lanes)
+        _vectorize_inner(sch, loops[-1], lanes)
+        if reduction:
+            init = sch.decompose_reduction(blk, loops[0])
+            _vectorize_inner(sch, sch.get_loops(init)[-1], lanes)
+        return fused
+
+    def transform(name):
+        # the column pass parallel over (tiles x channel vectors); its row pass, if any, at the
+        # same (tile, channel vector), in a local buffer
+        fused = one_pass(sch.get_sblock(name), inner=False)
+        if name + "_rows" in names:
+            rows = sch.get_sblock(name + "_rows")
+            sch.compute_at(rows, fused, preserve_unit_loops=True)
+            sch.set_scope(rows, 0, "local")
+            one_pass(rows, inner=True)
 
     transform("data_pack")
     transform("inverse")
