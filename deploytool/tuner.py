@@ -401,7 +401,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         def make_context(st: TaskState, i: int, with_default: bool = True):
             with tensor_intrinsics(target):
                 return ms.TuneContext(mod=wmods[st.workload], target=tvm_target,
-                                      space_generator=space.space_generator(target, with_default),
+                                      space_generator=space.space_generator(
+                                          target, with_default, space.tiling_searched(wmods[st.workload])),
                                       search_strategy=space.search_strategy(cfg, per_task), task_name=st.name,
                                       rand_state=(opts.seed * 7919 + st.trials * 31 + i) % (2**31 - 1) or 1,
                                       num_threads=measurer.threads, logger=_quiet_logger())

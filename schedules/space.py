@@ -443,11 +443,28 @@ def default_candidate(target, wmod):
     return sch
 
 
-def space_generator(target, with_default: bool = True):
+def tiling_searched(wmod) -> bool:
+    """Whether a task's design space holds MetaSchedule's generic tiling besides its default
+    schedule. Not for Winograd convolutions (deploytool.winograd: the blocks data_pack, bgemm,
+    inverse): their default schedule is the space. Generic candidates of those took seconds each
+    to featurize (their transforms unrolled up to 512 steps), 82 of a 2-minute 6-trial tuning
+    run, and none beat the default in 12-24 trials per kernel (ResNet-50, YOLOv3-tiny, Zen 5)."""
+    from tvm import s_tir
+
+    try:
+        sch = s_tir.Schedule(wmod)
+        names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    except Exception:
+        return True
+    return not {"data_pack", "bgemm", "inverse"} <= names
+
+
+def space_generator(target, with_default: bool = True, tiling: bool = True):
     """The design space for one task on ``target`` (a MetaSchedule SpaceGenerator). Without
     ``with_default``, the tiling generator alone: for the rare kernel whose default schedule the
     postprocessors reject (dlight leaves a GPU epilogue under blockIdx with no threadIdx, which
-    RewriteUnboundBlock refuses with a hard check inside the search)."""
+    RewriteUnboundBlock refuses with a hard check inside the search). Without ``tiling`` (see
+    ``tiling_searched``), the default schedule alone."""
     from tvm.s_tir import meta_schedule as ms
 
     if target.family == "cuda":
@@ -461,13 +478,15 @@ def space_generator(target, with_default: bool = True):
 
         raise TargetError(f"tuning for the {target.family} family is not supported",
                           "tune for an x86, arm or cuda preset (see `deploytool targets`)")
-    tiling = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs,
-                                               mutator_probs=mutators)
+    generic = ms.space_generator.PostOrderApply(sch_rules=rules, postprocs=postprocs,
+                                                mutator_probs=mutators)
     if not with_default:
-        return tiling
+        return generic
     ours = ms.space_generator.ScheduleFn(default_schedule_fn(target), sch_rules=[], postprocs=postprocs,
                                          mutator_probs=mutators)
-    return ms.space_generator.SpaceGeneratorUnion([ours, tiling], sch_rules=[], postprocs=postprocs,
+    if not tiling:
+        return ours
+    return ms.space_generator.SpaceGeneratorUnion([ours, generic], sch_rules=[], postprocs=postprocs,
                                                   mutator_probs=mutators)
 
 
