@@ -645,8 +645,23 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
     settle retires), the last settle's winner, and any candidate measured since that settle whose
     latency beats the winner's there (which the log's best would otherwise pick: tuninglog.settled).
     A kernel whose leaders its last settle all timed is skipped (rerunning a finished command
-    settles nothing). Each kernel's best_s and default_s become its settle's, this one's or
-    the last one's."""
+    settles nothing), unless it is one of a convolution's kernels tuned both ways (``tune
+    --winograd auto``: direct, Winograd per tile) whose last settles were not one: those are timed
+    together, so that compile compares them within one settle (timed apart, minutes or runs
+    apart, one kernel read 0.24, 0.43 and 0.23 ms). Each kernel's best_s and default_s become its
+    settle's, this one's or the last one's."""
+    from deploytool import winograd
+
+    convs: dict[tuple, list] = {}
+    for st in states:
+        sig = winograd.kernel_signature(st.name, [shape for shape, _ in st.args])
+        if sig is not None:
+            convs.setdefault(sig[0], []).append((sig[1], st))
+    together = set()  # workloads to settle whatever their own leaders
+    for members in convs.values():
+        times = {settles.get(st.workload, (None, {}))[0] for _, st in members}
+        if len({how for how, _ in members}) > 1 and (None in times or len(times) > 1):
+            together.update(st.workload for _, st in members)
     jobs = []
     for st in states:
         lat = raw.get(st.workload, {})
@@ -661,8 +676,8 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
         if win is not None:
             leaders |= {c for c, (x, when) in lat.items() if when > prev_t and x < prev[win]}
         leaders = sorted(c for c in leaders if c in traces)
-        if len(leaders) < 2 or set(leaders) <= set(prev):  # nothing its last settle did not time
-            continue
+        if not leaders or (st.workload not in together and (len(leaders) < 2 or set(leaders) <= set(prev))):
+            continue  # nothing its last settle did not time
         for c in leaders:
             try:
                 sch = replay_trace(wmods[st.workload], traces[c])

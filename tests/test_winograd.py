@@ -181,6 +181,15 @@ def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_
         if sig is not None:
             pairs.setdefault(sig[0], {})[sig[1]] = h
     assert len(pairs) == 2 and all(set(p) == {0, 2, 4} for p in pairs.values()), (pairs, sigs)  # every way
+    # rerun with a settle: each convolution's three kernels (one candidate each for the Winograd
+    # ones, so no settle of their own) are timed together, in one settle
+    t = cli("tune", model, "--target", "x86", "--winograd", "auto", "--trials-per-task", "1", "--batch", "2",
+            "--settle", "2", "-o", log, "-q")
+    assert t.code == 0, t
+    settled = TuningLog.read(log)
+    when = {r.workload: r.time for r in settled.records if r.source == "settle"}
+    assert all(len({when.get(h) for h in p.values()}) == 1 and None not in {when.get(h) for h in p.values()}
+               for p in pairs.values()), (when, pairs)
     scale = {p[m]: 0.1 if (sig[4], m) == (16, 2) else 10.0 for sig, p in pairs.items() for m in (2, 4)}
     recs = [dataclasses.replace(r, latency_s=[x * scale[r.workload] for x in r.latency_s])
             if r.workload in scale and r.latency_s else r for r in tlog.records]
