@@ -13,10 +13,13 @@ float32 conv2d with a constant 3x3 kernel, stride 1, dilation 1, one group, at l
 ``MIN_CHANNELS`` input and output channels, at least ``MIN_TILES`` output tiles and transformed
 weights of at most ``MAX_WEIGHT_BYTES`` (a small image with many channels is bound by reading
 weights 4x the size of the 3x3 ones: seen on YOLOv3-tiny's and ResNet-50's last 3x3 layers)
-becomes one ``call_te`` of ``conv2d_nhwc`` below with the transformed weights ``U[eps, nu, ci, co] = (G w G^T)[eps, nu]`` as a new constant. Opt-in
-(``--winograd``): the kernels differ from the direct ones, so a tuning log serves only builds made
-with the same choice (the log header records it). Their default schedule is the ``winograd`` rule
-of schedules/cpu.py.
+becomes one ``call_te`` of ``conv2d_nhwc`` below with the transformed weights
+``U[eps, nu, ci, co] = (G w G^T)[eps, nu]`` as a new constant. Opt-in (``--winograd``: every
+eligible convolution by F(4x4); ``--winograd auto``: each convolution direct, by F(2x2) or by
+F(4x4), whichever its tuning log times fastest, see ``pick``): the kernels differ from the direct
+ones, so a tuning log serves only builds made with the same choice (the log header records it).
+Their default schedule is the ``winograd`` rule of schedules/cpu.py, and their design space
+(schedules/space.tiling_searched).
 
 Numerics: F(4x4, 3x3) loses ~1-2 decimal digits against a direct float32 convolution (its
 transform matrices hold 1/4, 1/6, 1/24 ...); F(2x2, 3x3) is exact up to rounding. ``tile=4`` by
