@@ -1,6 +1,6 @@
 """This machine's FP32 peak, measured: the denominator of "% of peak" in `deploytool profile --peak`
 and the tuned benchmark. A VM's /proc/cpuinfo may give the base clock while the cores boost higher
-(the Zen 5 VM: 2.6 GHz listed, 3.7 GHz held under AVX-512), so a nominal threads x clock x
+(the Zen 5 VM: 2.6 GHz listed, 3.7-4.0 GHz held under AVX-512: 235-254 GFLOP/s a thread), so a nominal threads x clock x
 FLOP/cycle can sit far below what kernels reach; a loop of independent FMAs at the target's vector
 width, on the threads the model runs with, measures the peak those kernels can reach."""
 
