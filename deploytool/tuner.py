@@ -146,6 +146,19 @@ class TuneResult:
                 "settled": self.settled}
 
 
+def _convolutions(states: list[TaskState]) -> dict[tuple, dict[int, list[TaskState]]]:
+    """The 3x3 convolutions among the tasks (``winograd.kernel_signature``): signature -> how
+    (0 direct, else the Winograd tile) -> its tasks."""
+    from deploytool import winograd
+
+    convs: dict[tuple, dict[int, list[TaskState]]] = {}
+    for t in states:
+        sig = winograd.kernel_signature(t.name, [shape for shape, _ in t.args])
+        if sig is not None:
+            convs.setdefault(sig[0], {}).setdefault(sig[1], []).append(t)
+    return convs
+
+
 def _estimate(states: list[TaskState], attr: str) -> float:
     """End-to-end latency: each task's ``attr`` (best_s: its default's where it has none) times its
     calls. A convolution tuned several ways (``tune --winograd auto``: a direct kernel and a
@@ -160,13 +173,8 @@ def _estimate(states: list[TaskState], attr: str) -> float:
             v = t.default_s
         return v
 
-    convs: dict[tuple, dict[int, list]] = {}
-    for t in states:
-        sig = winograd.kernel_signature(t.name, [shape for shape, _ in t.args])
-        if sig is not None:
-            convs.setdefault(sig[0], {}).setdefault(sig[1], []).append(t)
     left_out = set()
-    for hows in convs.values():
+    for hows in _convolutions(states).values():
         if 0 in hows and len(hows) > 1:
             times = {how: min(map(value, ts)) for how, ts in hows.items()}
             keep = winograd.pick(times) if attr == "best_s" else 0
@@ -650,18 +658,12 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
     together, so that compile compares them within one settle (timed apart, minutes or runs
     apart, one kernel read 0.24, 0.43 and 0.23 ms). Each kernel's best_s and default_s become its
     settle's, this one's or the last one's."""
-    from deploytool import winograd
-
-    convs: dict[tuple, list] = {}
-    for st in states:
-        sig = winograd.kernel_signature(st.name, [shape for shape, _ in st.args])
-        if sig is not None:
-            convs.setdefault(sig[0], []).append((sig[1], st))
     together = set()  # workloads to settle whatever their own leaders
-    for members in convs.values():
-        times = {settles.get(st.workload, (None, {}))[0] for _, st in members}
-        if len({how for how, _ in members}) > 1 and (None in times or len(times) > 1):
-            together.update(st.workload for _, st in members)
+    for hows in _convolutions(states).values():
+        members = [st for ts in hows.values() for st in ts]
+        times = {settles.get(st.workload, (None, {}))[0] for st in members}
+        if len(hows) > 1 and (None in times or len(times) > 1):
+            together.update(st.workload for st in members)
     jobs = []
     for st in states:
         lat = raw.get(st.workload, {})

@@ -325,6 +325,9 @@ def _epilogue_at(sch, root, keep: list, loop, params: "CPUParams") -> None:
 
 
 # --------------------------------------------------------------------------- rule 0
+WINOGRAD_BLOCKS = {"data_pack", "bgemm", "inverse"}  # the blocks that make a kernel deploytool.winograd's
+
+
 def winograd(sch, tvm_target, params: CPUParams):
     """Winograd convolutions (deploytool.winograd: blocks data_pack_rows, data_pack, bgemm,
     inverse_rows, inverse), stage by stage, each in its own parallel loop: the input transform and
@@ -334,7 +337,7 @@ def winograd(sch, tvm_target, params: CPUParams):
     ``tile_reduction`` (output channels in vectors, tiles as rows); the epilogue (bias,
     activation) vectorized over the output channels, reading the inverse transform's tiles."""
     names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
-    if not {"data_pack", "bgemm", "inverse"} <= names:
+    if not WINOGRAD_BLOCKS <= names:
         return None
     stages = [n for n in ("data_pack_rows", "data_pack", "bgemm", "inverse_rows", "inverse") if n in names]
     root = sch.get_sblock("root")

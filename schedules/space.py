@@ -451,12 +451,14 @@ def tiling_searched(wmod) -> bool:
     run, and none beat the default in 12-24 trials per kernel (ResNet-50, YOLOv3-tiny, Zen 5)."""
     from tvm import s_tir
 
+    from deploytool.schedules.cpu import WINOGRAD_BLOCKS
+
     try:
         sch = s_tir.Schedule(wmod)
         names = {sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))}
     except Exception:
         return True
-    return not {"data_pack", "bgemm", "inverse"} <= names
+    return not WINOGRAD_BLOCKS <= names
 
 
 def space_generator(target, with_default: bool = True, tiling: bool = True):
