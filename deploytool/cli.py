@@ -571,7 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "with this run's settings: a log moved to new measurement settings or another board")
     s.add_argument("--retime-top", type=int, default=8, metavar="K", help="candidates per kernel to re-measure (default: 8)")
     s.add_argument("--kernels", metavar="GLOB[,GLOB...]",
-                   help="tune only the kernels whose names match (e.g. '*winograd*'); the others keep their log records")
+                   help="tune only the kernels whose names match (e.g. '*winograd*'); the others keep their log records "
+                   "(a convolution's other kernels, direct or Winograd, are timed again with them in the settle)")
     s.add_argument("--first-round", type=int, metavar="N", help="measure only the cost model's top N candidates in each "
                    "kernel's first round, so that every kernel is probed before the heavy ones get full rounds "
                    "(default: 4 with a pretrained cost model on CPUs, else a full batch: on GPUs a search round costs far "

@@ -64,6 +64,10 @@ class TuneOptions:
     # rounds of the settle at the end (None: SETTLE_ROUNDS when measuring here, 0 on boards over RPC;
     # 0: none)
     settle: int | None = None
+    # names of tasks that are settled at the end but not searched: a convolution's other kernels
+    # (direct, Winograd tiles) when --kernels picks some of them, so that compile compares the
+    # convolution's kernels within one settle (see _settle)
+    settle_only: frozenset[str] = frozenset()
 
 
 # The settle (see the module's docstring and _settle): each kernel's default, its SETTLE_TOP best
@@ -375,6 +379,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         # With --more N, N new trials: each kernel's cap is what it has plus --trials-per-task
         for st in states:
             st.cap = per_task + (st.trials if opts.more is not None else 0)
+            if st.name in opts.settle_only:
+                st.cap = st.trials
         if opts.more is not None:
             budget_left = opts.more
         elif opts.trials is not None:
@@ -383,7 +389,7 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             budget_left = sum(max(0, st.cap - st.trials) for st in states)
         for st in states:
             if st.trials >= st.cap:
-                st.done = "budget"
+                st.done = "settled only (--kernels)" if st.name in opts.settle_only else "budget"
         if budget_left == 0 or all(st.done for st in states):
             for st in states:
                 st.done = st.done or "budget"

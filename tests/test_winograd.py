@@ -217,3 +217,34 @@ def test_winograd_auto_builds_each_convolution_the_way_its_log_times_faster(tmp_
     assert bad.code == 2 and "'always' is not auto, off or all" in bad.err, bad
     with pytest.raises(deploytool.errors.InputError, match="--winograd always"):   # the API says it too
         deploytool.compile(model, target="x86", winograd="always", output=tmp_path / "x.so")
+
+
+@pytest.mark.fast
+def test_tuning_winograd_kernels_alone_settles_their_direct_kernel_with_them(tmp_path, cli):
+    """--kernels '*winograd*' on a log tuned directly: the convolution's direct kernel is not
+    searched again, but the settle times it with the Winograd kernels, so that compile --winograd
+    auto compares the three within one settle, not against a direct timing of another run."""
+    from deploytool import winograd
+    from deploytool.tuninglog import TuningLog
+
+    model = make_conv_model(tmp_path / "conv.onnx", CONVS[:1])
+    log = tmp_path / "log.jsonl"
+    t = cli("tune", model, "--target", "x86", "--winograd", "off", "--trials-per-task", "2", "--batch", "2",
+            "--settle", "2", "-o", log, "-q")
+    assert t.code == 0, t
+    first = TuningLog.read(log)
+    direct = [h for h, w in first.workloads.items() if winograd.kernel_signature(w.name, [a[0] for a in w.args])]
+    assert len(direct) == 1, first.workloads
+    t0 = max(r.time for r in first.records if r.source == "settle" and r.workload == direct[0])
+    searched = sum(1 for r in first.records if r.workload == direct[0] and r.source != "settle")
+    t = cli("tune", model, "--target", "x86", "--winograd", "auto", "--kernels", "*winograd*",
+            "--trials-per-task", "1", "--batch", "2", "--settle", "2", "-o", log, "-q")
+    assert t.code == 0, t
+    tlog = TuningLog.read(log)
+    ways = {winograd.kernel_signature(w.name, [a[0] for a in w.args])[1]: h for h, w in tlog.workloads.items()
+            if winograd.kernel_signature(w.name, [a[0] for a in w.args])}
+    assert set(ways) == {0, 2, 4}, ways
+    last = {how: max((r.time for r in tlog.records if r.source == "settle" and r.workload == h), default=None)
+            for how, h in ways.items()}
+    assert last[0] > t0 and len(set(last.values())) == 1, (last, t0)   # one settle, the direct kernel's too
+    assert sum(1 for r in tlog.records if r.workload == direct[0] and r.source != "settle") == searched  # not searched
