@@ -105,7 +105,9 @@ def _build_one(mod_json: str, target_json: dict, host_json: dict | None, cc: str
 # than the one picked, which took 0.74 ms cold). Now each repeat a record keeps is the mean of
 # COLD_CALLS single calls, each after TVM's cache_flush_cpu_non_first_arg (every argument but the
 # first, the input activation, which the previous kernel has just written: weights, bias, residual,
-# output). The flush itself is cheap (~0.1 ms for 9 MB of clean lines) and not timed.
+# output). The flush is not timed. On this machine it runs deploytool's own hook (cpuflush.py:
+# CLFLUSHOPT), since TVM's CLFLUSH took ~145 ns a line on an Intel Xeon, 11 s a candidate for
+# ZFNet-512's 151 MB weight; boards over RPC keep TVM's hook.
 COLD_CALLS = 10
 
 
@@ -116,15 +118,16 @@ def cpu_timing(settings: dict) -> dict:
     return {"cpu_timing": "cold", "cold_calls_per_repeat": COLD_CALLS}
 
 
-def time_cpu(lib, entry: str, dev, tensors: list, settings: dict) -> list[float]:
-    """The ``repeat`` samples a record keeps (see COLD_CALLS), locally or on a board over RPC."""
+def time_cpu(lib, entry: str, dev, tensors: list, settings: dict, flush: str = "cache_flush_cpu_non_first_arg") -> list[float]:
+    """The ``repeat`` samples a record keeps (see COLD_CALLS), locally or on a board over RPC; `flush`
+    names the hook that evicts every argument but the first before each call."""
     if not settings["cache_flush"]:
         f = lib.time_evaluator(entry, dev, number=settings["number"], repeat=settings["repeat"],
                                min_repeat_ms=int(settings["min_repeat_ms"]))
         return [float(x) for x in f(*tensors).results]
     k = COLD_CALLS
     f = lib.time_evaluator(entry, dev, number=1, repeat=settings["repeat"] * k, min_repeat_ms=0,
-                           f_preproc="cache_flush_cpu_non_first_arg")
+                           f_preproc=flush)
     xs = [float(x) for x in f(*tensors).results]
     return [sum(xs[i * k:(i + 1) * k]) / k for i in range(settings["repeat"])]
 
@@ -159,10 +162,17 @@ def _time_one(path: str, args: list, settings: dict, device: str = "cpu") -> lis
 
     dev = tvm.device(device, 0)
     lib = tvm.runtime.load_module(path)
-    tensors = [tvm.runtime.tensor(a, dev) for a in _random_args(args)]
+    key = (device, repr(args))
+    if key not in _ARGS:  # the timer process keeps one kernel's inputs for its next candidates
+        _ARGS.clear()
+        _ARGS[key] = [tvm.runtime.tensor(a, dev) for a in _random_args(args)]
+    tensors = _ARGS[key]
     entry = lib.entry_name if hasattr(lib, "entry_name") and lib.entry_name else "main"
     if device == "cpu":
-        return time_cpu(lib, entry, dev, tensors, settings)
+        from deploytool import cpuflush
+
+        flush = cpuflush.hook_for(tensors) if settings["cache_flush"] else cpuflush.TVM_HOOK
+        return time_cpu(lib, entry, dev, tensors, settings, flush)
     if settings["cache_flush"]:
         return _time_cold_gpu(lib, entry, dev, tensors, settings)
     f = lib.time_evaluator(entry, dev, number=settings["number"], repeat=settings["repeat"],
@@ -171,6 +181,7 @@ def _time_one(path: str, args: list, settings: dict, device: str = "cpu") -> lis
 
 
 _FLUSH: dict = {}
+_ARGS: dict = {}
 
 
 def _time_cold_gpu(lib, entry: str, dev, tensors: list, settings: dict) -> list[float]:
