@@ -395,8 +395,13 @@ def winograd(sch, tvm_target, params: CPUParams):
     writeback = sch.get_consumers(red)[0]
     v = min(cw, lanes) if cw % min(cw, lanes) == 0 else cw
     cvec, cii = sch.split(co, factors=[None, v])
-    c_o, cim = sch.split(cvec, factors=[None, cw // v])
-    p_o, pii = sch.split(pp, factors=[None, rows])
+    # The register tile's two knobs are sampled tiles, as in ``tile_reduction``: their decisions
+    # are the choices above (the default schedule), and tuning samples and mutates them (vectors
+    # per row, tiles per register block) -- before, this kernel's space was its default alone.
+    c_o, cim = sch.split(cvec, factors=sch.sample_perfect_tile(
+        cvec, n=2, max_innermost_factor=4, decision=[CO // cw, cw // v]))
+    p_o, pii = sch.split(pp, factors=sch.sample_perfect_tile(
+        pp, n=2, max_innermost_factor=16, decision=[P // rows, rows]))
     sch.reorder(e1, e2, c_o, p_o, k, pii, cim, cii)
     fused = sch.fuse(e1, e2, c_o, p_o)
     sch.parallel(fused)

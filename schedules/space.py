@@ -446,9 +446,11 @@ def default_candidate(target, wmod):
 def tiling_searched(wmod) -> bool:
     """Whether a task's design space holds MetaSchedule's generic tiling besides its default
     schedule. Not for Winograd convolutions (deploytool.winograd: the blocks data_pack, bgemm,
-    inverse): their default schedule is the space. Generic candidates of those took seconds each
-    to featurize (their transforms unrolled up to 512 steps), 82 of a 2-minute 6-trial tuning
-    run, and none beat the default in 12-24 trials per kernel (ResNet-50, YOLOv3-tiny, Zen 5)."""
+    inverse): their default schedule is the space, with its batched GEMM's register tile as
+    sampled decisions (schedules/cpu.py rule ``winograd``). Generic candidates of those took
+    seconds each to featurize (their transforms unrolled up to 512 steps), 82 of a 2-minute
+    6-trial tuning run, and none beat the default in 12-24 trials per kernel (ResNet-50,
+    YOLOv3-tiny, Zen 5)."""
     from tvm import s_tir
 
     from deploytool.schedules.cpu import WINOGRAD_BLOCKS

@@ -254,3 +254,26 @@ def test_tuning_winograd_kernels_alone_settles_their_direct_kernel_with_them(tmp
             for how, h in ways.items()}
     assert last[0] > t0 and len(set(last.values())) == 1, (last, t0)   # one settle, the direct kernel's too
     assert sum(1 for r in tlog.records if r.workload == direct[0] and r.source != "settle") == searched  # not searched
+
+
+@pytest.mark.fast
+def test_a_winograd_kernel_is_searched_over_its_gemm_tile(tmp_path, cli):
+    """The Winograd kernel's design space is its default schedule with the batched GEMM's register
+    tile as sampled decisions (schedules/cpu.py rule ``winograd``): tuning measures candidates
+    other than the default, each a different tile, and the best one replays to the same numbers."""
+    from deploytool.tuninglog import TuningLog
+
+    model = make_conv_model(tmp_path / "conv.onnx", [(32, 3, 1, (1, 1, 1, 1))])
+    log = tmp_path / "log.jsonl"
+    t = cli("tune", model, "--target", "x86", "--winograd", "all", "--kernels", "*winograd*",
+            "--trials-per-task", "3", "--batch", "3", "--settle", "0", "-o", log, "--json")
+    assert t.code == 0, t
+    task = [k for k in json.loads(t.out)["tasks"] if "winograd" in k["name"]]
+    assert len(task) == 1 and task[0]["new_trials"] >= 2, task   # not "search space measured (1 candidate)"
+    tlog = TuningLog.read(log)
+    recs = [r for r in tlog.records if r.workload == task[0]["workload"] and r.ok]
+    assert len({r.candidate for r in recs}) >= 2, recs
+    c = cli("compile", model, "--target", "x86", "--winograd", "all", "--tuning-log", log, "-o", tmp_path / "w.so")
+    assert c.code == 0, c
+    r = cli("run", tmp_path / "w.so", "--check", model)
+    assert r.code == 0 and "check passed" in r.out, r
