@@ -171,7 +171,9 @@ def compile(model: str | Path, *, target: str = "x86", output: str | Path | None
     """Import, optimize, partition, schedule and build ``model`` into one self-describing .so.
     With ``tuning_log``, each kernel takes the log's best record (others: default schedules),
     among the records of one machine where the log holds several: ``tuned_on`` (a name that
-    ``logs show`` lists), else this machine when the target runs here, else the log's header's;
+    ``logs show`` lists), else this machine when the target runs here, else, where the target runs
+    here but the log has none of this machine's, the nearest machine's (``TuningLog.nearest_device``),
+    else the log's header's;
     ``require_tuned`` makes a kernel without a record an error that lists them all. ``bind_inputs``
     ({name: array}, or "NAME=1,2" strings) makes inputs compile-time constants (shape/axes inputs).
     ``dtype="float16"``: mixed precision inside, float32 inputs and outputs (see pipeline.optimize).
@@ -865,6 +867,12 @@ def _records_machine(tlog, tgt, tuned_on: str | None, name: str, progress: Progr
     here = _this_machine(tgt)
     dev = tlog.match_device(here)
     if len(devs) > 1:
+        if dev is None and here is not None:  # none of this machine's: the nearest machine's
+            near = tlog.nearest_device(here)
+            progress(f"{name} holds timings from {len(devs)} machines, none from this one ({here}); using those "
+                     f"of {near}, the nearest (cold-timed, same vendor and family first), and the others' where it "
+                     f"has none (--tuned-on picks another; `deploytool tune MODEL -o LOG` adds this machine's)")
+            return near
         progress(f"{name} holds timings from {len(devs)} machines; using those of "
                  f"{dev or tlog.home}{' (this machine)' if dev else ''}, and the others' where it has none")
     elif here is not None and dev is None:

@@ -531,7 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tuning-log", help="apply the best record of a tuning log to each kernel it covers")
     s.add_argument("--tuned-on", metavar="MACHINE",
                    help="a log with timings from several machines: take this one's records (a name `logs show` "
-                        "lists; default: this machine when the target runs here, else the log's first)")
+                        "lists; default: this machine when the target runs here, the nearest machine's when it has none "
+                        "of this one, else the log's first)")
     s.add_argument("--predict", nargs="?", const="pretrained", metavar="FILE",
                    help="schedule kernels without a tuning record by the cost model alone, nothing measured: the "
                         "target family's pretrained model, or FILE")

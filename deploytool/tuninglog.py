@@ -48,6 +48,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -296,6 +297,24 @@ class TuningLog:
         same = [d for d in devs if _processor(d) == _processor(name)]
         return max(same, key=lambda d: (not d.endswith(WARM), devs[d])) if same else None
 
+    def nearest_device(self, name: str | None) -> str | None:
+        """The machine of this log whose records should serve ``name``: match_device's, else, for a
+        machine the log has no records of, the nearest one: records timed cold before warm ones
+        (older logs; their schedules predate the cold timing), then the same processor vendor, then
+        the same CPU family, then the most records. None if ``name`` is None."""
+        dev = self.match_device(name)
+        if dev is not None or not name:
+            return dev
+        devs = self.devices()
+        vendor = _processor(name).split(" ", 1)[0]
+        fam = re.search(r"\(family (\d+) ", name)
+
+        def key(d: str):
+            return (not d.endswith(WARM), _processor(d).split(" ", 1)[0] == vendor,
+                    bool(fam) and f"(family {fam.group(1)} " in d, devs[d])
+
+        return max(devs, key=key)
+
     def require_device(self, name: str, option: str = "") -> str:
         """match_device(name), or a TuningLogError naming the log's machines (``option``: the
         command-line option that named it, for the message)."""
@@ -422,6 +441,22 @@ def sha256_of(path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def text_sha256s(path) -> tuple[str, set[str]]:
+    """The sha256 of a log's text (decompressed if it is a .jsonl.gz) and the sha256s of every
+    earlier version it may have had: logs are append-only, so each of those is its text up to a line
+    end. The raw file's sha256 is among them too (what an older dataset row may have keyed on)."""
+    opener = gzip.open if is_compressed(path) else open
+    h, earlier = hashlib.sha256(), {sha256_of(path)}
+    with opener(path, "rb") as f:
+        for line in f:
+            h.update(line)
+            if line.endswith(b"\n"):
+                earlier.add(h.copy().hexdigest())
+    text = h.hexdigest()
+    earlier.add(text)
+    return text, earlier
 
 
 def make_header(target, *, device: dict[str, Any], measure: dict[str, Any], emulated: bool = False,

@@ -446,6 +446,27 @@ def test_warm_timed_records_count_as_another_machines(tiny_model, tmp_path, cli)
     assert f"using those of {cold} (this machine)" in r.err
 
 
+def test_a_machine_the_log_lacks_takes_the_nearest_machines_records():
+    """A log tuned on five machines, read on a sixth: the records to build from are the nearest
+    machine's (cold-timed before warm, then same vendor, then same family), not the header's warm
+    Zen 4 records (ResNet-50 built from those on an Intel VM read 1.66x onnxruntime, from the other
+    Intel's 1.0x)."""
+    from deploytool.tuninglog import WARM
+
+    t = _read(REPO / "tuning_logs" / "resnet50-x86-avx512.jsonl.gz")
+    intel = "Intel(R) Xeon(R) Processor (family 6 model 207), 2 threads"
+    zen5 = "AMD EPYC (family 26 model 2), 2 threads"
+    assert t.home.endswith(WARM) and {intel, zen5} <= set(t.devices())
+    assert t.match_device("Intel(R) Xeon(R) Processor (family 6 model 167)") is None
+    assert t.nearest_device("Intel(R) Xeon(R) Processor (family 6 model 167)") == intel
+    assert t.nearest_device("AMD EPYC (family 25 model 1)") == zen5
+    assert t.nearest_device("AMD EPYC (family 26 model 2)") == zen5  # its own
+    # another vendor: the cold-timed machine with the most records
+    assert t.nearest_device("Ampere Altra") == max((d for d in t.devices() if not d.endswith(WARM)),
+                                                   key=t.devices().get)
+    assert t.nearest_device(None) is None
+
+
 @_TUNED
 def test_first_round_probes_every_kernel_before_full_rounds(tuned, tiny_model, tmp_path, cli):
     """tune --first-round 1 with a total budget of one search trial per kernel: every kernel gets its
