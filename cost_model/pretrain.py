@@ -13,7 +13,8 @@ within each workload, so what transfers is the ranking inside a kernel, not abso
                                                      # the baseline: MetaSchedule's XGBModel, same records
 
 A dataset holds one target family (``family_of``); ``dataset`` refuses to mix families, and adding
-a log that is already in it (same sha256) replaces its rows. ``tune`` loads
+a log that is already in it, as it is now or as it was before it grew (a resumed log: its text
+then begins with the version added before), replaces its rows. ``tune`` loads
 ``cost_model/pretrained/<family>.ubj`` by default and fine-tunes it with the run's measurements.
 """
 
@@ -102,9 +103,10 @@ def rows_from_log(path: str | Path) -> dict:
     """Featurized rows of one tuning log: X (n, F), latency (n,), group (n,) workload hashes."""
     from deploytool import targets
     from deploytool.cost_model import dataset
-    from deploytool.tuninglog import TuningLog
+    from deploytool.tuninglog import TuningLog, text_sha256s
 
     tlog = TuningLog.read(path)
+    text_sha, earlier = text_sha256s(path)
     target = targets.load(tlog.target_name)
     groups = dataset.groups_from_log(tlog, target, min_records=4)
     X = np.concatenate([g.feats for g in groups]) if groups else np.zeros((0, 0), np.float32)
@@ -112,8 +114,8 @@ def rows_from_log(path: str | Path) -> dict:
         "X": X.astype(np.float32),
         "latency": np.concatenate([g.latencies for g in groups]) if groups else np.zeros(0),
         "group": np.concatenate([[g.workload] * len(g.latencies) for g in groups]) if groups else np.zeros(0, "U1"),
-        "family": family_of(target), "model": _model_name(Path(path), tlog.header), "sha256": tlog.sha256(),
-        "emulated": bool(tlog.header.get("emulated")),
+        "family": family_of(target), "model": _model_name(Path(path), tlog.header), "sha256": text_sha,
+        "earlier": earlier, "emulated": bool(tlog.header.get("emulated")),
     }
 
 
@@ -123,8 +125,10 @@ def load_dataset(path: str | Path) -> dict:
 
 
 def build_dataset(log_paths, out: str | Path) -> dict:
-    """Add the logs' rows to the dataset at ``out`` (created if missing); a log already in it (same
-    sha256) replaces its rows. Emulated boards' logs are refused: their timings rank nothing."""
+    """Add the logs' rows to the dataset at ``out`` (created if missing). A log already in it
+    replaces its rows, and so does a log that has grown since it was added (tuning resumed: its text
+    then starts with the text added before; rows are keyed by the sha256 of the log's text, so
+    gzipping it changes nothing). Emulated boards' logs are refused: their timings rank nothing."""
     out = Path(out)
     data = load_dataset(out) if out.is_file() else None
     for p in log_paths:
@@ -138,7 +142,9 @@ def build_dataset(log_paths, out: str | Path) -> dict:
         new = {"X": r["X"], "latency": r["latency"], "group": r["group"].astype("U64"),
                "model": np.array([r["model"]] * n, "U64"), "log_sha": np.array([r["sha256"]] * n, "U64")}
         if data is not None:
-            keep = data["log_sha"] != r["sha256"]
+            keep = ~np.isin(data["log_sha"], sorted(r["earlier"]))
+            if (~keep).any():
+                print(f"{p}: replaces {int((~keep).sum())} rows of this log as added before", file=sys.stderr)
             new = {k: np.concatenate([data[k][keep], new[k]]) for k in new}
         new["family"] = np.array(r["family"])
         data = new

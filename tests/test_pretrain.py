@@ -71,6 +71,31 @@ def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
 
 
 @_PRETRAINED
+def test_a_log_that_grew_replaces_its_earlier_rows(pretrained, tmp_path):
+    """A resumed log is the log as added before plus new lines: adding it again must replace the
+    earlier version's rows, not add them twice (whole-file sha256 keys did), gzipped or not."""
+    import gzip
+
+    from deploytool.cost_model import pretrain as P
+
+    n = len(P.load_dataset(pretrained[0])["latency"])  # the full log's rows alone
+    lines = SHIPPED.read_bytes().splitlines(keepends=True)
+    earlier = tmp_path / "old" / SHIPPED.name
+    earlier = earlier.with_name(earlier.name + ".gz")
+    earlier.parent.mkdir()
+    with gzip.open(earlier, "wb") as f:
+        f.writelines(lines[: len(lines) // 3])
+    data = tmp_path / "grown.npz"
+    assert _pretrain("dataset", earlier, "-o", data).returncode == 0
+    n1 = len(P.load_dataset(data)["latency"])
+    assert 0 < n1 < n
+    r = _pretrain("dataset", SHIPPED, "-o", data)
+    assert r.returncode == 0, r.stderr
+    assert f"replaces {n1} rows" in r.stderr
+    assert len(P.load_dataset(data)["latency"]) == n
+
+
+@_PRETRAINED
 def test_tune_starts_from_a_pretrained_model(cli, tiny_model, tmp_path, pretrained):
     _, model = pretrained
     log = tmp_path / "t.jsonl"
