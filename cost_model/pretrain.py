@@ -142,7 +142,7 @@ def build_dataset(log_paths, out: str | Path) -> dict:
         new = {"X": r["X"], "latency": r["latency"], "group": r["group"].astype("U64"),
                "model": np.array([r["model"]] * n, "U64"), "log_sha": np.array([r["sha256"]] * n, "U64")}
         if data is not None:
-            keep = ~np.isin(data["log_sha"], sorted(r["earlier"]))
+            keep = ~np.isin(data["log_sha"], list(r["earlier"]))
             if (~keep).any():
                 print(f"{p}: replaces {int((~keep).sum())} rows of this log as added before", file=sys.stderr)
             new = {k: np.concatenate([data[k][keep], new[k]]) for k in new}

@@ -164,6 +164,10 @@ def _processor(name: str) -> str:
     return name.split(", ", 1)[0]
 
 
+def _vendor(name: str) -> str:
+    return _processor(name).split(" ", 1)[0]
+
+
 @dataclass
 class TuningLog:
     """A log read into memory. ``records`` keep file order; ``skipped`` counts corrupted lines."""
@@ -306,11 +310,11 @@ class TuningLog:
         if dev is not None or not name:
             return dev
         devs = self.devices()
-        vendor = _processor(name).split(" ", 1)[0]
+        vendor = _vendor(name)
         fam = re.search(r"\(family (\d+) ", name)
 
         def key(d: str):
-            return (not d.endswith(WARM), _processor(d).split(" ", 1)[0] == vendor,
+            return (not d.endswith(WARM), _vendor(d) == vendor,
                     bool(fam) and f"(family {fam.group(1)} " in d, devs[d])
 
         return max(devs, key=key)
@@ -446,10 +450,11 @@ def sha256_of(path) -> str:
 def text_sha256s(path) -> tuple[str, set[str]]:
     """The sha256 of a log's text (decompressed if it is a .jsonl.gz) and the sha256s of every
     earlier version it may have had: logs are append-only, so each of those is its text up to a line
-    end. The raw file's sha256 is among them too (what an older dataset row may have keyed on)."""
-    opener = gzip.open if is_compressed(path) else open
-    h, earlier = hashlib.sha256(), {sha256_of(path)}
-    with opener(path, "rb") as f:
+    end. A compressed log's raw sha256 is among them too (what an older dataset row may have keyed
+    on; a plain log's is its text's)."""
+    compressed = is_compressed(path)
+    h, earlier = hashlib.sha256(), {sha256_of(path)} if compressed else set()
+    with (gzip.open if compressed else open)(path, "rb") as f:
         for line in f:
             h.update(line)
             if line.endswith(b"\n"):

@@ -465,8 +465,7 @@ def test_a_machine_the_log_lacks_takes_the_nearest_machines_records():
     assert t.nearest_device("AMD EPYC (family 25 model 1)") == zen5
     assert t.nearest_device("AMD EPYC (family 26 model 2)") == zen5  # its own
     # another vendor: the cold-timed machine with the most records
-    assert t.nearest_device("Ampere Altra") == max((d for d in t.devices() if not d.endswith(WARM)),
-                                                   key=t.devices().get)
+    assert t.nearest_device("Ampere Altra") == max((d for d in devs if not d.endswith(WARM)), key=devs.get)
     assert t.nearest_device(None) is None
 
 
