@@ -381,12 +381,11 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
             st.cap = per_task + (st.trials if opts.more is not None else 0)
             if st.name in opts.settle_only:
                 st.cap = st.trials
-        if opts.more is not None:
-            budget_left = opts.more
-        elif opts.trials is not None:
-            budget_left = max(0, opts.trials - sum(st.trials for st in states))
-        else:
-            budget_left = sum(max(0, st.cap - st.trials) for st in states)
+        budget_left, capped = _budget(states, opts, cfg)
+        if capped and opts.progress is not None:
+            opts.progress(f"budget: {cfg.default_trials:,} trials in all, the log's included (the default; "
+                          f"{per_task} per kernel would be {per_task * sum(st.name not in opts.settle_only for st in states):,}); "
+                          "--trials N or --trials-per-task N to change it")
         for st in states:
             if st.trials >= st.cap:
                 st.done = "settled only (--kernels)" if st.name in opts.settle_only else "budget"
@@ -721,6 +720,23 @@ def _settle(states, wmods, raw, settles, defaults, incumbents, measured, measure
         later = [x for x, when in raw.get(st.workload, {}).values() if when > t]
         st.best_s = min([*ok.values(), *later])
         st.default_s = ok.get(defaults.get(st.workload), st.default_s)
+
+
+def _budget(states: list[TaskState], opts: TuneOptions, cfg) -> tuple[int, bool]:
+    """The new trials this run may measure (each task's ``cap`` set), and whether the target
+    family's default total (``cfg.default_trials``) capped it: without --trials or
+    --trials-per-task, per task x kernels would make a many-kernel model an all-night run. The
+    gradient allocator spreads a total, so the capped run still goes where the latency is."""
+    if opts.more is not None:
+        return opts.more, False
+    if opts.trials is not None:
+        return max(0, opts.trials - sum(st.trials for st in states)), False
+    left = sum(max(0, st.cap - st.trials) for st in states)
+    if opts.trials_per_task is None and cfg.default_trials is not None:
+        total = max(0, cfg.default_trials - sum(st.trials for st in states))
+        if total < left:
+            return total, True
+    return left, False
 
 
 def _pick(active: list[TaskState]) -> TaskState:

@@ -1095,3 +1095,32 @@ def test_tune_times_candidates_on_the_threads_asked_for(tiny_model, tmp_path, cl
             "--rpc", "127.0.0.1:9", "-q")
     assert r.code == 2 and "--threads" in r.err and "device serve --threads" in r.err, r
     assert len(r.err.strip().splitlines()) == 1, r
+
+
+@pytest.mark.fast
+def test_the_default_budget_is_capped_in_total_and_explicit_budgets_are_not():
+    """Without --trials or --trials-per-task a many-kernel model gets the family's default total
+    (DenseNet-121's 198 kernels x 64 would be 12,672 trials), the log's trials included; an
+    explicit budget, --more, or a model small enough keeps what it asked for."""
+    from deploytool import targets
+    from deploytool.schedules import space
+    from deploytool.tuner import TaskState, TuneOptions, _budget
+
+    cfg = space.search_config(targets.load("x86-avx512"))
+    assert cfg.default_trials == 2000 and cfg.trials_per_task == 64
+
+    def states(n, trials=0):
+        out = [TaskState(name=f"k{i}", workload=f"w{i}", flops=1.0, calls=1, args=[], trials=trials) for i in range(n)]
+        for st in out:
+            st.cap = cfg.trials_per_task
+        return out
+
+    assert _budget(states(198), TuneOptions(), cfg) == (2000, True)
+    assert _budget(states(198, trials=5), TuneOptions(), cfg) == (2000 - 198 * 5, True)  # a resumed log
+    assert _budget(states(20), TuneOptions(), cfg) == (20 * 64, False)                  # under the cap
+    assert _budget(states(20, trials=60), TuneOptions(), cfg) == (20 * 4, False)
+    assert _budget(states(198), TuneOptions(trials_per_task=64), cfg) == (198 * 64, False)
+    assert _budget(states(198), TuneOptions(trials=5000), cfg) == (5000, False)
+    assert _budget(states(198, trials=40), TuneOptions(trials=5000), cfg) == (0, False)  # 7,920 done
+    assert _budget(states(198, trials=40), TuneOptions(more=400), cfg) == (400, False)
+    assert _budget(states(198, trials=20), TuneOptions(), cfg) == (0, True)              # 3,960 done
