@@ -215,3 +215,18 @@ def test_a_family_without_a_model_tunes_from_its_nearest_and_predicts_from_none(
             "--cost-model", only512 / "x86-avx512.ubj")
     assert r.code == 0, r
     assert "cost model: x86-avx512.ubj (pretrained on x86-avx512 logs, this target is x86-avx2" in r.err, r.err
+
+
+@_PRETRAINED
+def test_each_machines_records_rank_as_a_kernel_of_their_own(pretrained):
+    """The shipped log holds five machines' records of each kernel, and latencies rank only within
+    one machine: a kernel of a machine other than the log's own is the group "<hash>@<machine>",
+    its machine named whole (the column was cut at 64 characters, which would make two machines
+    whose names differ only at the end, e.g. in their thread count, one group)."""
+    from deploytool.cost_model import pretrain as P
+    from deploytool.tuninglog import TuningLog
+
+    d = P.load_dataset(pretrained[0])
+    machines = {g.split("@", 1)[1] for g in set(d["group"].tolist()) if "@" in g}
+    devices = set(TuningLog.read(SHIPPED).devices())
+    assert len(machines) >= 3 and machines <= devices, (machines, devices)
