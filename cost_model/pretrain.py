@@ -99,8 +99,9 @@ def _model_name(path: Path, header: dict) -> str:
     return stem
 
 
-def rows_from_log(path: str | Path) -> dict:
-    """Featurized rows of one tuning log: X (n, F), latency (n,), group (n,) workload hashes."""
+def rows_from_log(path: str | Path, model: str | None = None) -> dict:
+    """Featurized rows of one tuning log: X (n, F), latency (n,), group (n,) workload hashes;
+    ``model`` names the model they are of (default: from the log's file name)."""
     from deploytool import targets
     from deploytool.cost_model import dataset
     from deploytool.tuninglog import TuningLog, text_sha256s
@@ -114,7 +115,7 @@ def rows_from_log(path: str | Path) -> dict:
         "X": X.astype(np.float32),
         "latency": np.concatenate([g.latencies for g in groups]) if groups else np.zeros(0),
         "group": np.concatenate([[g.workload] * len(g.latencies) for g in groups]) if groups else np.zeros(0, "U1"),
-        "family": family_of(target), "model": _model_name(Path(path), tlog.header), "sha256": text_sha,
+        "family": family_of(target), "model": model or _model_name(Path(path), tlog.header), "sha256": text_sha,
         "earlier": earlier, "emulated": bool(tlog.header.get("emulated")),
     }
 
@@ -124,16 +125,19 @@ def load_dataset(path: str | Path) -> dict:
     return {k: d[k] for k in d.files}
 
 
-def build_dataset(log_paths, out: str | Path) -> dict:
+def build_dataset(log_paths, out: str | Path, model: str | None = None) -> dict:
     """Add the logs' rows to the dataset at ``out`` (created if missing). A log already in it
     replaces its rows, and so does a log that has grown since it was added (tuning resumed: its text
     then starts with the text added before; rows are keyed by the sha256 of the log's text, so
-    gzipping it changes nothing). Emulated boards' logs are refused: their timings rank nothing."""
+    gzipping it changes nothing). Emulated boards' logs are refused: their timings rank nothing.
+    ``model``: the model the logs are of, where their file names say otherwise (held-out
+    benchmarks leave a model out by this name: the demo's squeezenet1.0 log is the corpus's
+    squeezenet)."""
     out = Path(out)
     data = load_dataset(out) if out.is_file() else None
     for p in log_paths:
         t0 = time.perf_counter()
-        r = rows_from_log(p)
+        r = rows_from_log(p, model)
         if r["emulated"]:
             raise ValueError(f"'{p}' was measured on an emulated board: its latencies do not rank schedules")
         if data is not None and str(data["family"]) != r["family"]:
@@ -259,6 +263,8 @@ def main(argv=None) -> int:
     a = sub.add_parser("dataset", help="build or update a training set from tuning logs")
     a.add_argument("logs", nargs="+")
     a.add_argument("-o", "--output", required=True)
+    a.add_argument("--model", help="the model the logs are of (default: each log's file name up to the target, "
+                   "e.g. resnet50 for resnet50-x86-avx512.jsonl); `train --exclude` leaves it out by this name")
     a = sub.add_parser("train", help="pretrain a model on datasets")
     a.add_argument("data")
     a.add_argument("-o", "--output", required=True)
@@ -286,7 +292,7 @@ def main(argv=None) -> int:
 
 def _run(args) -> int:
     if args.cmd == "dataset":
-        d = build_dataset(args.logs, args.output)
+        d = build_dataset(args.logs, args.output, args.model)
         print(f"{args.output}: {len(d['latency'])} records, {len(np.unique(d['group']))} kernels, "
               f"models {', '.join(sorted(set(d['model'].tolist())))} ({d['family']})")
     elif args.cmd == "train":

@@ -89,10 +89,11 @@ def test_a_log_that_grew_replaces_its_earlier_rows(pretrained, tmp_path):
     assert _pretrain("dataset", earlier, "-o", data).returncode == 0
     n1 = len(P.load_dataset(data)["latency"])
     assert 0 < n1 < n
-    r = _pretrain("dataset", SHIPPED, "-o", data)
+    r = _pretrain("dataset", SHIPPED, "-o", data, "--model", "squeezenet")  # the corpus's name for it
     assert r.returncode == 0, r.stderr
     assert f"replaces {n1} rows" in r.stderr
-    assert len(P.load_dataset(data)["latency"]) == n
+    d = P.load_dataset(data)
+    assert len(d["latency"]) == n and set(d["model"].tolist()) == {"squeezenet"}
 
 
 @_PRETRAINED
