@@ -144,9 +144,10 @@ def build_dataset(log_paths, out: str | Path, model: str | None = None) -> dict:
             raise ValueError(f"'{p}' is for {r['family']}, the dataset {out} for {data['family']}")
         n = len(r["latency"])
         # a group is "<workload>@<machine>" for a machine other than the log's own: never cut short
-        # (U64 made "...Processor (family 6 model 207), 2 threads" and "..., 4 threads" one group)
+        # (a 64-character column would make "...Processor (family 6 model 207), 2 threads" and
+        # "..., 4 threads" one group); model names (--model) are kept whole too
         new = {"X": r["X"], "latency": r["latency"], "group": np.asarray(r["group"], dtype=str),
-               "model": np.array([r["model"]] * n, "U64"), "log_sha": np.array([r["sha256"]] * n, "U64")}
+               "model": np.array([r["model"]] * n, dtype=str), "log_sha": np.array([r["sha256"]] * n, "U64")}
         if data is not None:
             keep = ~np.isin(data["log_sha"], list(r["earlier"]))
             if (~keep).any():

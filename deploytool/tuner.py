@@ -383,9 +383,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 st.cap = st.trials
         budget_left, capped = _budget(states, opts, cfg)
         if capped and opts.progress is not None:
+            asked = per_task * sum(st.name not in opts.settle_only for st in states)
             opts.progress(f"budget: {cfg.default_trials:,} trials in all, the log's included (the default; "
-                          f"{per_task} per kernel would be {per_task * sum(st.name not in opts.settle_only for st in states):,}); "
-                          "--trials N or --trials-per-task N to change it")
+                          f"{per_task} per kernel would be {asked:,}); --trials N or --trials-per-task N to change it")
         for st in states:
             if st.trials >= st.cap:
                 st.done = "settled only (--kernels)" if st.name in opts.settle_only else "budget"
