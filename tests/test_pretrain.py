@@ -231,3 +231,68 @@ def test_each_machines_records_rank_as_a_kernel_of_their_own(pretrained):
     machines = {g.split("@", 1)[1] for g in set(d["group"].tolist()) if "@" in g}
     devices = set(TuningLog.read(SHIPPED).devices())
     assert len(machines) >= 3 and machines <= devices, (machines, devices)
+
+
+def test_a_pretrained_model_ranks_kernels_the_run_has_not_measured_by_itself():
+    """Fine-tuning blends per kernel: a kernel without records of this run is ranked by the pretrained
+    model alone, however much the run's model learned from other kernels; one with BLEND_RECORDS
+    records by the run's model alone; in between, a mix of the two."""
+    import numpy as np
+
+    from deploytool.cost_model import features as F
+    from deploytool.cost_model.model import BLEND_RECORDS, XGBCostModel
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(size=(64, F.LENGTH)).astype(np.float32)
+    pre = XGBCostModel(nthread=1)
+    pre.add("other model's kernel", X, 1.0 + X[:, 0])  # pretrained: feature 0 is slow
+    pre.fit()
+    run = XGBCostModel(nthread=1)
+    run.base = pre.booster
+    seen = X[:BLEND_RECORDS]
+    run.add("measured", seen, 1.0 + 5 * seen[:, 1] - seen[:, 0])  # this run: feature 1 is slow
+    run.fit()
+    base, own = pre.booster.predict(__import__("xgboost").DMatrix(X)), run.booster.predict(
+        __import__("xgboost").DMatrix(X))
+    assert not np.allclose(base, own)
+    assert np.allclose(run.predict(X, "not measured yet"), base)
+    assert np.allclose(run.predict(X, "measured"), own)
+    run.groups["half"] = ([], [1.0] * (BLEND_RECORDS // 2))
+    assert np.allclose(run.predict(X, "half"), (base + own) / 2)
+
+
+def test_search_scores_compare_across_calls(tiny_model):
+    """The evolutionary search keeps one heap of candidates over its generations, each scored in a
+    call of its own: a candidate's score must not depend on what else is in the call (until
+    2026-12-07 each call was shifted by its own minimum)."""
+    import numpy as np
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import pipeline
+    from deploytool.cost_model.dataset import context
+    from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
+    from deploytool.frontend import import_onnx
+    from deploytool.schedules import space
+
+    tgt = targets.load("x86")
+    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
+    task = pipeline.tasks(mod)[0]
+    wmod = space.workload_module(mod[task.name])
+    ctx = context(wmod, tgt)
+    with space.tensor_intrinsics(tgt):
+        sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
+                              task_name="t", num_threads=1, rand_state=1)
+    schs = sctx.generate_design_space()
+    args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
+    cands = [ms.MeasureCandidate(s, args) for s in schs]
+    cands += [ms.MeasureCandidate(s, args) for s in sctx.space_generator.generate_design_space(wmod)]
+    model = XGBCostModel(nthread=1)
+    cm = make_tuner_cost_model(model)
+    feats = cm.features(ctx, cands)
+    model.add("k", feats, 1.0 + np.arange(len(cands)) % 3)  # distinct latencies, distinct scores
+    model.fit()
+    whole = cm.predict(ctx, cands)
+    assert (whole > 0).all()
+    assert whole.min() < whole.max()
+    rest = [i for i in range(len(cands)) if whole[i] > whole.min()]  # the lowest left out (and its twins)
+    assert np.allclose(cm.predict(ctx, [cands[i] for i in rest]), whole[rest])
