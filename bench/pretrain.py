@@ -337,7 +337,7 @@ def main() -> int:
                 log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
-                                    early_stop=0, seed=seed, cost_model=cm,
+                                    early_stop=0, seed=seed, cost_model=cm, settle=0,  # the curve ends before a settle
                                     first_round=4 if kind in ("probe", "transfer") else 10**6)  # 10**6: a full first round
                 curve = [(n, s * 1e3) for n, s in r.curve]
                 run = {"kind": KINDS[kind], "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
