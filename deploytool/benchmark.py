@@ -482,6 +482,24 @@ def write_doc(results_dir: Path, doc: Path) -> None:
         parts.append("### x86-avx2's own model (AVX2 logs plus the x86-avx512 records) against the x86-avx512 one: "
                      "`python bench/pretrain.py cost_model/data/x86-avx2.npz --also cost_model/data/x86-avx512.npz "
                      "--transfer-from cost_model/data/x86-avx512.npz --target x86-avx2 ...`\n\n" + f.read_text())
+    f = results_dir / "pretrain-zen5-bert.md"
+    if f.is_file():
+        parts.append("### BERT held out, against a from-scratch reference run of 1,630 trials (Zen 5): "
+                     "`python bench/pretrain.py --online bert_encoder --kinds scratch,probe,metaschedule ...`\n\n"
+                     + f.read_text())
+    f = results_dir / "pretrain-bert-m167.md"
+    if f.is_file():
+        parts.append("### BERT held out, against the 2,000-trial run from scratch (Xeon model 167), at 133 and 400 "
+                     "trials: `python bench/pretrain.py --online bert_encoder ...` and `deploytool tune --trials 400`\n\n"
+                     + f.read_text())
+    f = results_dir / "pretrain-fixes-squeezenet.md"
+    if f.is_file():
+        parts.append("### The 2026-12-07 cost-model fixes, SqueezeNet tuned with and without them: "
+                     "`deploytool tune --trials-per-task 8`\n\n" + f.read_text())
+    f = results_dir / "finetune_sim.md"
+    if f.is_file():
+        parts.append("### How a pretrained model learns from the run, replayed offline: `python bench/finetune_sim.py`\n\n"
+                     + f.read_text())
     for f in sorted(results_dir.glob("winograd-*.md")):
         parts.append("## Winograd convolutions on CPUs: `python bench/winograd.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))
