@@ -213,7 +213,7 @@ def plot(res: dict, path: Path) -> None:
         ax.set_title(row["model"])
         ax.set_xlabel("trials")
         ax.set_ylabel("estimated end to end (ms)")
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
