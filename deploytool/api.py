@@ -549,7 +549,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
-    Budgets: ``trials`` is the total over all kernels and ``trials_per_task`` each kernel's, both
+    Budgets: ``trials`` is the total over all kernels (without ``trials_per_task``, one kernel may
+    take any part of it) and ``trials_per_task`` each kernel's, both
     counting the log's trials that still count here (timed by this machine, this boot, today's
     settings), so a rerun finishes the same budget. ``more``: instead, this many new trials, each
     kernel taking up to ``trials_per_task`` more than the log has (extending a log).

@@ -547,8 +547,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target", default="x86", help="target preset (default: x86, this machine)")
     s.add_argument("-o", "--output", help="tuning log (.jsonl) to append to; default MODEL-TARGET.jsonl. "
                    "Rerunning with the same log resumes")
-    s.add_argument("--trials", type=int, help="total search trials over all kernels, the log's included "
-                   "(default: per task x kernels, at most 2,000)")
+    s.add_argument("--trials", type=int, help="total search trials over all kernels, the log's included, "
+                   "shared out where the latency is (a kernel may take any part of it unless --trials-per-task "
+                   "caps it; default: per task x kernels, at most 2,000)")
     s.add_argument("--trials-per-task", type=int, help="search trials per kernel, the log's included (default: 64 "
                    "on CPUs; with --more: per kernel beyond the log's)")
     s.add_argument("--more", type=int, metavar="N", help="extend the log: N new search trials, whatever it holds "

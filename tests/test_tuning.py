@@ -1124,3 +1124,21 @@ def test_the_default_budget_is_capped_in_total_and_explicit_budgets_are_not():
     assert _budget(states(198, trials=40), TuneOptions(trials=5000), cfg) == (0, False)  # 7,920 done
     assert _budget(states(198, trials=40), TuneOptions(more=400), cfg) == (400, False)
     assert _budget(states(198, trials=20), TuneOptions(), cfg) == (0, True)              # 3,960 done
+
+
+@pytest.mark.fast
+def test_a_total_budget_is_not_cut_at_the_default_per_kernel():
+    """--trials N alone: one kernel may take any part of N (BERT's FFN matmuls still gained after 300
+    trials each, and --trials 2000 stopped at 517 under the default 64 per kernel); an explicit
+    --trials-per-task still caps each kernel; --more adds the default per kernel beyond the log."""
+    from deploytool import targets
+    from deploytool.schedules import space
+    from deploytool.tuner import TuneOptions, _per_task
+
+    cfg = space.search_config(targets.load("x86-avx512"))
+    assert _per_task(TuneOptions(trials=2000), cfg) == 2000
+    assert _per_task(TuneOptions(trials=2000, trials_per_task=100), cfg) == 100
+    assert _per_task(TuneOptions(), cfg) == cfg.trials_per_task == 64
+    assert _per_task(TuneOptions(trials_per_task=8), cfg) == 8
+    assert _per_task(TuneOptions(more=400), cfg) == 64
+    assert _per_task(TuneOptions(trials=0), cfg) == 1
