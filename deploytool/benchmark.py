@@ -398,6 +398,30 @@ def merge_results(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, 
                 max_ratio=max(ratios) if ratios else None)
 
 
+# bench/pretrain.py's results (and the cost-model experiments around it), in the order docs/benchmarks.md shows them
+PRETRAIN_SECTIONS = [
+    ("pretrain.md", "## Pretrained cost model, leave one model out: `python bench/pretrain.py`"),
+    ("pretrain-first-round.md", "### A first round of 4 per kernel: `python bench/pretrain.py --kinds pretrained,probe`"),
+    ("pretrain-baselines.md", "### Against MetaSchedule's XGBModel, from scratch and pretrained on the same logs: "
+     "`python bench/pretrain.py --kinds probe,metaschedule,metaschedule-pretrained --ms-logs ...`"),
+    ("pretrain-baselines-more.md", "### The same for DS-CNN and BERT held out (a second machine): "
+     "`python bench/pretrain.py --online ds_cnn_1d,bert_encoder ...`"),
+    ("pretrain-transfer-avx2.md", "### Across ISAs: the x86-avx512 model tuning for x86-avx2: "
+     "`python bench/pretrain.py cost_model/data/x86-avx512.npz --target x86-avx2 ...`"),
+    ("pretrain-avx2.md", "### x86-avx2's own model (AVX2 logs plus the x86-avx512 records) against the x86-avx512 "
+     "one: `python bench/pretrain.py cost_model/data/x86-avx2.npz --also cost_model/data/x86-avx512.npz "
+     "--transfer-from cost_model/data/x86-avx512.npz --target x86-avx2 ...`"),
+    ("pretrain-zen5-bert.md", "### BERT held out, against a from-scratch reference run of 1,630 trials (Zen 5): "
+     "`python bench/pretrain.py --online bert_encoder --kinds scratch,probe,metaschedule ...`"),
+    ("pretrain-bert-m167.md", "### BERT held out, against the 2,000-trial run from scratch (Xeon model 167), at 133 "
+     "and 400 trials: `python bench/pretrain.py --online bert_encoder ...` and `deploytool tune --trials 400`"),
+    ("pretrain-fixes-squeezenet.md", "### The 2026-12-07 cost-model fixes, SqueezeNet tuned with and without them: "
+     "`deploytool tune --trials-per-task 8`"),
+    ("finetune_sim.md", "### How a pretrained model learns from the run, replayed offline: "
+     "`python bench/finetune_sim.py`"),
+]
+
+
 def write_doc(results_dir: Path, doc: Path) -> None:
     """docs/benchmarks.md from the latest results of each benchmark."""
     parts = ["# Benchmarks\n", "Made by the scripts in `bench/`; raw numbers in `bench/results/`. Ratios are "
@@ -457,49 +481,10 @@ def write_doc(results_dir: Path, doc: Path) -> None:
     f = results_dir / "cost_model.md"
     if f.is_file():
         parts.append("## Cost model ranking quality: `python bench/cost_model.py`\n\n" + f.read_text())
-    f = results_dir / "pretrain.md"
-    if f.is_file():
-        parts.append("## Pretrained cost model, leave one model out: `python bench/pretrain.py`\n\n" + f.read_text())
-    f = results_dir / "pretrain-first-round.md"
-    if f.is_file():
-        parts.append("### A first round of 4 per kernel: `python bench/pretrain.py --kinds pretrained,probe`\n\n"
-                     + f.read_text())
-    f = results_dir / "pretrain-baselines.md"
-    if f.is_file():
-        parts.append("### Against MetaSchedule's XGBModel, from scratch and pretrained on the same logs: "
-                     "`python bench/pretrain.py --kinds probe,metaschedule,metaschedule-pretrained --ms-logs ...`\n\n"
-                     + f.read_text())
-    f = results_dir / "pretrain-baselines-more.md"
-    if f.is_file():
-        parts.append("### The same for DS-CNN and BERT held out (a second machine): `python bench/pretrain.py "
-                     "--online ds_cnn_1d,bert_encoder ...`\n\n" + f.read_text())
-    f = results_dir / "pretrain-transfer-avx2.md"
-    if f.is_file():
-        parts.append("### Across ISAs: the x86-avx512 model tuning for x86-avx2: `python bench/pretrain.py "
-                     "cost_model/data/x86-avx512.npz --target x86-avx2 ...`\n\n" + f.read_text())
-    f = results_dir / "pretrain-avx2.md"
-    if f.is_file():
-        parts.append("### x86-avx2's own model (AVX2 logs plus the x86-avx512 records) against the x86-avx512 one: "
-                     "`python bench/pretrain.py cost_model/data/x86-avx2.npz --also cost_model/data/x86-avx512.npz "
-                     "--transfer-from cost_model/data/x86-avx512.npz --target x86-avx2 ...`\n\n" + f.read_text())
-    f = results_dir / "pretrain-zen5-bert.md"
-    if f.is_file():
-        parts.append("### BERT held out, against a from-scratch reference run of 1,630 trials (Zen 5): "
-                     "`python bench/pretrain.py --online bert_encoder --kinds scratch,probe,metaschedule ...`\n\n"
-                     + f.read_text())
-    f = results_dir / "pretrain-bert-m167.md"
-    if f.is_file():
-        parts.append("### BERT held out, against the 2,000-trial run from scratch (Xeon model 167), at 133 and 400 "
-                     "trials: `python bench/pretrain.py --online bert_encoder ...` and `deploytool tune --trials 400`\n\n"
-                     + f.read_text())
-    f = results_dir / "pretrain-fixes-squeezenet.md"
-    if f.is_file():
-        parts.append("### The 2026-12-07 cost-model fixes, SqueezeNet tuned with and without them: "
-                     "`deploytool tune --trials-per-task 8`\n\n" + f.read_text())
-    f = results_dir / "finetune_sim.md"
-    if f.is_file():
-        parts.append("### How a pretrained model learns from the run, replayed offline: `python bench/finetune_sim.py`\n\n"
-                     + f.read_text())
+    for name, heading in PRETRAIN_SECTIONS:
+        f = results_dir / name
+        if f.is_file():
+            parts.append(f"{heading}\n\n" + f.read_text())
     for f in sorted(results_dir.glob("winograd-*.md")):
         parts.append("## Winograd convolutions on CPUs: `python bench/winograd.py`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))

@@ -66,6 +66,28 @@ def tiny_so(tmp_path_factory, tiny_model) -> Path:
     return out
 
 
+@pytest.fixture
+def tiny_candidates(tiny_model):
+    """The tiny model's first kernel as the tuner sees it: (the cost model's TuneContext, the design
+    spaces as measure candidates, twice over: a search proposes a schedule more than once)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from deploytool import pipeline, targets
+    from deploytool.cost_model.dataset import context
+    from deploytool.frontend import import_onnx
+    from deploytool.schedules import space
+
+    tgt = targets.load("x86")
+    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
+    wmod = space.workload_module(mod[pipeline.tasks(mod)[0].name])
+    with space.tensor_intrinsics(tgt):
+        sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
+                              task_name="t", num_threads=1, rand_state=1)
+        args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
+        cands = [ms.MeasureCandidate(s, args) for _ in range(2) for s in sctx.generate_design_space()]
+    return context(wmod, tgt), cands
+
+
 class CLIResult:
     def __init__(self, proc: subprocess.CompletedProcess):
         self.code = proc.returncode

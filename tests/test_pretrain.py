@@ -261,35 +261,18 @@ def test_a_pretrained_model_ranks_kernels_the_run_has_not_measured_by_itself():
     assert np.allclose(run.predict(X, "half"), (base + own) / 2)
 
 
-def test_search_scores_compare_across_calls(tiny_model):
+def test_search_scores_compare_across_calls(tiny_candidates):
     """The evolutionary search keeps one heap of candidates over its generations, each scored in a
     call of its own: a candidate's score must not depend on what else is in the call (until
     2026-12-07 each call was shifted by its own minimum)."""
     import numpy as np
-    from tvm.s_tir import meta_schedule as ms
 
-    from deploytool import pipeline
-    from deploytool.cost_model.dataset import context
     from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
-    from deploytool.frontend import import_onnx
-    from deploytool.schedules import space
 
-    tgt = targets.load("x86")
-    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
-    task = pipeline.tasks(mod)[0]
-    wmod = space.workload_module(mod[task.name])
-    ctx = context(wmod, tgt)
-    with space.tensor_intrinsics(tgt):
-        sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
-                              task_name="t", num_threads=1, rand_state=1)
-    schs = sctx.generate_design_space()
-    args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
-    cands = [ms.MeasureCandidate(s, args) for s in schs]
-    cands += [ms.MeasureCandidate(s, args) for s in sctx.space_generator.generate_design_space(wmod)]
+    ctx, cands = tiny_candidates
     model = XGBCostModel(nthread=1)
     cm = make_tuner_cost_model(model)
-    feats = cm.features(ctx, cands)
-    model.add("k", feats, 1.0 + np.arange(len(cands)) % 3)  # distinct latencies, distinct scores
+    model.add("k", cm.features(ctx, cands), 1.0 + np.arange(len(cands)) % 3)  # distinct latencies, scores
     model.fit()
     whole = cm.predict(ctx, cands)
     assert (whole > 0).all()

@@ -1010,30 +1010,16 @@ def test_target_compatibility_rule():
     assert target_key(dict(a.tvm, mattr=["+a"])) != target_key(a.tvm)
 
 
-def test_cost_model_feature_cache(tiny_model):
+def test_cost_model_feature_cache(tiny_candidates):
     """Features are cached by kernel hash with a bounded LRU: hits and evictions in one call
     must give the same rows as a fresh extraction."""
     import numpy as np
-    from tvm.s_tir import meta_schedule as ms
 
-    from deploytool import pipeline, targets
     from deploytool.cost_model import features as F
-    from deploytool.cost_model.dataset import context
     from deploytool.cost_model.model import XGBCostModel, make_tuner_cost_model
-    from deploytool.frontend import import_onnx
-    from deploytool.schedules import space
 
-    tgt = targets.load("x86")
-    mod = pipeline.partition(pipeline.optimize(import_onnx(tiny_model, {}).mod, tgt), tgt)
-    task = pipeline.tasks(mod)[0]
-    wmod = space.workload_module(mod[task.name])
-    ctx = context(wmod, tgt)
-    with space.tensor_intrinsics(tgt):
-        sctx = ms.TuneContext(mod=wmod, target=tgt.tvm_target(), space_generator=space.space_generator(tgt),
-                              task_name="t", num_threads=1)
-    schs = sctx.generate_design_space()
-    args = ms.arg_info.ArgInfo.from_prim_func(wmod["main"])
-    cands = [ms.MeasureCandidate(s, args) for s in schs]
+    ctx, cands = tiny_candidates
+    cands = cands[: len(cands) // 2]  # each schedule once
     assert len(cands) >= 3
     cm = make_tuner_cost_model(XGBCostModel(nthread=1))
     cm.cache_size = 2
