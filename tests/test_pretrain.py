@@ -238,6 +238,7 @@ def test_a_pretrained_model_ranks_kernels_the_run_has_not_measured_by_itself():
     model alone, however much the run's model learned from other kernels; one with BLEND_RECORDS
     records by the run's model alone; in between, a mix of the two."""
     import numpy as np
+    import xgboost as xgb
 
     from deploytool.cost_model import features as F
     from deploytool.cost_model.model import BLEND_RECORDS, XGBCostModel
@@ -252,8 +253,7 @@ def test_a_pretrained_model_ranks_kernels_the_run_has_not_measured_by_itself():
     seen = X[:BLEND_RECORDS]
     run.add("measured", seen, 1.0 + 5 * seen[:, 1] - seen[:, 0])  # this run: feature 1 is slow
     run.fit()
-    base, own = pre.booster.predict(__import__("xgboost").DMatrix(X)), run.booster.predict(
-        __import__("xgboost").DMatrix(X))
+    base, own = pre.booster.predict(xgb.DMatrix(X)), run.booster.predict(xgb.DMatrix(X))
     assert not np.allclose(base, own)
     assert np.allclose(run.predict(X, "not measured yet"), base)
     assert np.allclose(run.predict(X, "measured"), own)
