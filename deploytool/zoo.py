@@ -6,6 +6,9 @@ same code writes the same bytes (the corpus manifest pins their SHA-256):
 * ``mobilenet_v2``  MobileNet-v2, 224x224, width 1.0 (inverted residuals, depthwise convs, ReLU6)
 * ``bert_encoder``  a BERT-base-like encoder: seq 128, hidden 768, 12 heads, 12 layers, FFN 3072,
                     MatMul / Softmax / LayerNormalization / erf-GELU; token ids in, hidden states out
+* ``small_encoder`` the same encoder at MiniLM size: seq 128, hidden 384, 6 heads, 6 layers, FFN 1536
+                    (no kernel shape in common with ``bert_encoder``: a second transformer for the
+                    pretrained cost model's training set, so that BERT can be held out of it)
 * ``ds_cnn_1d``     a keyword-spotting DS-CNN over 40 log-mel bins x 98 frames, 1-D convolutions
 * ``micro_cnn``     a small image classifier for microcontrollers (conv, depthwise, pooling, dense, softmax)
 * ``kws_dscnn``     MLPerf Tiny's keyword-spotting DS-CNN (49 x 10 MFCC, 2-D depthwise-separable blocks)
@@ -93,7 +96,7 @@ def mobilenet_v2(seed: int = 0, num_classes: int = 1000):
 
 
 def bert_encoder(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 12, layers: int = 12,
-                 ffn: int = 3072, vocab: int = 30522):
+                 ffn: int = 3072, vocab: int = 30522, name: str = "bert_encoder"):
     from onnx import TensorProto, helper
 
     b = _Builder(seed)
@@ -130,7 +133,7 @@ def bert_encoder(seed: int = 0, seq: int = 128, hidden: int = 768, heads: int = 
         h = dense(gelu(dense(x, hidden, ffn)), ffn, hidden)
         x = layer_norm(b.op("Add", [x, h]))
     b.nodes[-1].output[0] = "hidden_states"
-    return b.model("bert_encoder", [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
+    return b.model(name, [helper.make_tensor_value_info("input_ids", TensorProto.INT64, [1, seq])],
                    [helper.make_tensor_value_info("hidden_states", TensorProto.FLOAT, [1, seq, hidden])], opset=17)
 
 
@@ -259,5 +262,9 @@ def yolov3_tiny(seed: int = 0, size: int = 416, num_classes: int = 80):
                    [helper.make_tensor_value_info("detections", TensorProto.FLOAT, [1, n, no])], opset=13)
 
 
-BUILDERS = {"mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
+def small_encoder(seed: int = 0):
+    return bert_encoder(seed, seq=128, hidden=384, heads=6, layers=6, ffn=1536, name="small_encoder")
+
+
+BUILDERS = {"small_encoder": small_encoder, "mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
             "micro_cnn": micro_cnn, "kws_dscnn": kws_dscnn, "yolov3_tiny": yolov3_tiny}
