@@ -60,6 +60,13 @@ def test_dataset_is_rebuilt_not_duplicated_and_model_ranks(pretrained):
     ev = json.loads(_pretrain("eval", model, data).stdout)
     # on its own training rows the model must rank far better than chance
     assert ev["pairwise_accuracy"] > 0.7 and ev["kernels"] >= 10
+    # --per-kernel: one row per kernel scored, the same kernels as the summary, heaviest first
+    ek = json.loads(_pretrain("eval", model, data, "--per-kernel").stdout)
+    rows = ek["per_kernel"]
+    assert len(rows) == ev["kernels"] and sum(r["records"] for r in rows) <= n
+    assert [r["records"] for r in rows] == sorted((r["records"] for r in rows), reverse=True)
+    assert all(0 < r["top1_score"] <= r["best_of_top8"] <= 1 for r in rows), rows[:3]
+    assert ek["top1_score"] == pytest.approx(sum(r["top1_score"] for r in rows) / len(rows))
     # --also: another dataset's kernels join as kernels of their own (here the same rows again, so
     # every kernel twice: labels must never rank one machine's candidates against another's)
     both = model.with_name("both.ubj")
