@@ -419,6 +419,14 @@ PRETRAIN_SECTIONS = [
      "`deploytool tune --trials-per-task 8`"),
     ("finetune_sim.md", "### How a pretrained model learns from the run, replayed offline: "
      "`python bench/finetune_sim.py`"),
+    ("pretrain-bert-m167-400.md", "### BERT held out, 400 trials, with and without the small encoder in the pretraining "
+     "data: `deploytool tune --trials 400` and `python bench/heldout.py`"),
+    ("pretrain-mobilenet-m167.md", "### MobileNetV2 held out, against the 2,000-trial run from scratch (Xeon model "
+     "167), 400 trials: `deploytool tune --trials 400` and `python bench/heldout.py`"),
+    ("pretrain-small-encoder-m167.md", "### The MiniLM-sized encoder held out, against a 2,000-trial run from "
+     "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
+    ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
+     "`python bench/transfer.py`"),
 ]
 
 
