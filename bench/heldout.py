@@ -12,7 +12,9 @@ times its calls) against search trials, as bench/pretrain.py draws them. Reporte
 untuned estimate, the estimate after each --at count of trials, the trials to 95% of the
 reference's best ("not reached" past the run's end), and the reference run's own estimate at those
 counts (the issue's "lower latency at equal budget"). The reference's trials to 95% over five
-(--at's first default, 177 for BERT) is the issue's "5x fewer" line.
+(--at's first default, 177 for BERT) is the issue's "5x fewer" line. Each run's minutes to 95% come
+from its records' timestamps: the search, building and timing as they ran, a pause of over 2 minutes
+between two records (a run and its later resume) counted as none of it.
 
 Writes NAME.json, NAME.md and NAME.png.
 """
@@ -43,6 +45,29 @@ def untuned_ms(t, tasks) -> float | None:
     return sum(default[w] * c for w, c in calls.items()) * 1e3
 
 
+PAUSE_S = 120  # longer between two records: the run stopped there (a resume came later)
+
+
+def minutes_to(t, tasks, target_ms: float):
+    """Wall-clock minutes from the run's first record until its estimate (each kernel's best so far
+    times its calls) reached ``target_ms``, from the records' timestamps; None if it never did.
+    Only the records of the machine that wrote the log count, as in ``reference_run``."""
+    calls = {k.workload_hash: max(k.calls, 1) for k in tasks}
+    best: dict[str, float] = {}
+    elapsed, last = 0.0, None
+    for r in t.records:
+        if r.workload not in calls or t.device_of(r) != t.home:
+            continue
+        if last is not None and 0 <= r.time - last < PAUSE_S:
+            elapsed += r.time - last
+        last = r.time
+        if r.ok and r.seconds < best.get(r.workload, float("inf")):
+            best[r.workload] = r.seconds
+        if len(best) == len(calls) and sum(best[w] * c for w, c in calls.items()) * 1e3 <= target_ms:
+            return elapsed / 60
+    return None
+
+
 def main() -> int:
     from deploytool.tuninglog import TuningLog
 
@@ -71,9 +96,11 @@ def main() -> int:
             runs.append({"kind": kind, "seed": seed, "log": p, "curve_ms": curve, "trials": n,
                          "untuned_ms": untuned_ms(t, tasks), "final_ms": curve[-1][1] if curve else None,
                          "trials_to_95pct_of_reference": trials_to(curve, ref_ms / 0.95),
+                         "minutes_to_95pct_of_reference": minutes_to(t, tasks, ref_ms / 0.95),
                          "at_ms": {str(k): at_trials(curve, k) if k <= n else None for k in at}})
-    row = {"model": args.model.stem, "reference_ms": ref_ms, "reference_trials": ref_trials,
-           "reference_trials_to_95pct": ref_n95, "reference_curve_ms": ref_curve,
+    row = {"model": args.model.stem, "reference": str(args.reference), "reference_ms": ref_ms,
+           "reference_trials": ref_trials, "reference_trials_to_95pct": ref_n95,
+           "reference_minutes_to_95pct": minutes_to(ref, tasks, ref_ms / 0.95), "reference_curve_ms": ref_curve,
            "reference_untuned_ms": untuned_ms(ref, tasks),
            "reference_at_ms": {str(k): at_trials(ref_curve, k) for k in at}, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,20 +109,26 @@ def main() -> int:
     def ms(v):
         return "-" if v is None else f"{v:.2f}"
 
+    def mins(v):
+        return "not reached" if v is None else f"{v:.1f}"
+
     five = f"{ref_n95 // 5}" if ref_n95 else "-"
     lines = [f"{row['model']}, {args.target}: the reference run (from scratch, {ref_trials} trials) went "
              f"{ms(row['reference_untuned_ms'])} -> {ms(ref_ms)} ms and reached 95% of its best "
              f"({ms(ref_ms / 0.95)} ms) after {ref_n95 or 'no'} trials; 5x fewer is {five}.", "",
-             "| run | seed | untuned | " + " | ".join(f"after {k}" for k in at) + " | trials to 95% |",
-             "|---|---:|---:|" + "---:|" * len(at) + "---:|",
+             "| run | seed | untuned | " + " | ".join(f"after {k}" for k in at) + " | trials to 95% | minutes to 95% |",
+             "|---|---:|---:|" + "---:|" * len(at) + "---:|---:|",
              "| reference run (from scratch) | 0 | " + ms(row["reference_untuned_ms"]) + " | "
-             + " | ".join(ms(row["reference_at_ms"][str(k)]) for k in at) + f" | {ref_n95 or 'not reached'} |"]
+             + " | ".join(ms(row["reference_at_ms"][str(k)]) for k in at) + f" | {ref_n95 or 'not reached'} | {mins(row['reference_minutes_to_95pct'])} |"]
     for r in runs:
         lines.append(f"| {r['kind']} | {r['seed']} | {ms(r['untuned_ms'])} | "
                      + " | ".join(ms(r["at_ms"][str(k)]) for k in at)
-                     + f" | {r['trials_to_95pct_of_reference'] or 'not reached'} |")
+                     + f" | {r['trials_to_95pct_of_reference'] or 'not reached'}"
+                     f" | {mins(r['minutes_to_95pct_of_reference'])} |")
     lines.append("")
-    lines.append("Estimated end to end (ms): each kernel's best so far times its calls; '-': past the run's end.")
+    lines.append("Estimated end to end (ms): each kernel's best so far times its calls; '-': past the run's end. "
+                 "Minutes to 95%: wall clock from the run's first record (search, building and timing; "
+                 "a pause between a run and its resume not counted).")
     if args.note:
         lines += ["", args.note]
     args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -43,3 +43,34 @@ def test_benchmarks_doc_is_the_rendering_of_the_results(tmp_path):
     out = tmp_path / "benchmarks.md"
     benchmark.write_doc(REPO / "bench" / "results", out)
     assert out.read_text() == (REPO / "docs" / "benchmarks.md").read_text()
+
+
+def test_heldout_minutes_to_95pct_count_the_run_not_the_pause_before_its_resume():
+    """bench/heldout.py's wall clock to a latency: record timestamps, a long pause (a run stopped and
+    resumed later) counted as none of it, only the header machine's records, None if never reached."""
+    import dataclasses
+    import sys
+    from types import SimpleNamespace
+
+    from deploytool.tuninglog import TuningLog
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import heldout
+
+    t = TuningLog.read(REPO / "bench/results/heldout-logs/small_encoder-x86-avx512-pretrained-seed0.jsonl.gz")
+    proto = next(r for r in t.records if t.device_of(r) == t.home)
+
+    def rec(w, ms, at, source="search", **kw):
+        return dataclasses.replace(proto, workload=w, latency_s=[ms * 1e-3], time=1000.0 + at, source=source, **kw)
+
+    tasks = [SimpleNamespace(workload_hash="a", calls=2), SimpleNamespace(workload_hash="b", calls=1)]
+    t.records = [rec("a", 1.0, 0, "default"), rec("b", 1.0, 10, "default"),  # 3.0 ms
+                 rec("a", 0.5, 20),                                             # 2.0 ms after 20 s
+                 rec("b", 0.1, 25, device="another board"),                     # not this run's machine
+                 rec("b", 0.5, 20 + heldout.PAUSE_S + 500),                     # resumed: 1.5 ms
+                 rec("a", 0.25, 20 + heldout.PAUSE_S + 530)]                    # 1.0 ms, 30 s later
+    assert heldout.minutes_to(t, tasks, 3.0) == pytest.approx(10 / 60)
+    assert heldout.minutes_to(t, tasks, 2.0) == pytest.approx(20 / 60)
+    assert heldout.minutes_to(t, tasks, 1.5) == pytest.approx(20 / 60)
+    assert heldout.minutes_to(t, tasks, 1.0) == pytest.approx(50 / 60)
+    assert heldout.minutes_to(t, tasks, 0.9) is None
