@@ -427,6 +427,8 @@ PRETRAIN_SECTIONS = [
      "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
     ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
      "`python bench/transfer.py`"),
+    ("pretrain-squeezenet-m167.md", "### SqueezeNet held out, against a 2,000-trial run from scratch (Xeon model "
+     "167), 300 trials: `deploytool tune --trials 300` and `python bench/heldout.py`"),
     ("probe-population-mobilenet.md", "### A wider search for the pretrained model's first picks (MobileNetV2 held "
      "out): `python bench/probe_population.py`"),
 ]
