@@ -429,6 +429,8 @@ PRETRAIN_SECTIONS = [
      "`python bench/transfer.py`"),
     ("pretrain-squeezenet-m167.md", "### SqueezeNet held out, against a 2,000-trial run from scratch (Xeon model "
      "167), 300 trials: `deploytool tune --trials 300` and `python bench/heldout.py`"),
+    ("pretrain-squeezenet-first-round-m167.md", "### The first round of 4 against a full one, in trials and minutes "
+     "(SqueezeNet held out): `deploytool tune --first-round 16` and `python bench/heldout.py`"),
     ("probe-population-mobilenet.md", "### A wider search for the pretrained model's first picks (MobileNetV2 held "
      "out): `python bench/probe_population.py`"),
 ]
