@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from pretrain import at_trials, model_tasks, plot, reference_run, trials_to  # noqa: E402
+from pretrain import at_trials, model_tasks, plot, reference_run, run_start, trials_to  # noqa: E402
 
 
 def untuned_ms(t, tasks) -> float | None:
@@ -51,9 +51,10 @@ PAUSE_S = 120  # longer between two records: the run stopped there (a resume cam
 def minutes_to(t, tasks, target_ms: float):
     """Wall-clock minutes from the run's first record until its estimate (each kernel's best so far
     times its calls) reached ``target_ms``, from the records' timestamps; None if it never did.
-    Only the records of the machine that wrote the log count, as in ``reference_run``."""
+    Only the records of the machine that wrote the log count, and a kernel it never measured enters
+    with the log's best, as in ``reference_run``."""
     calls = {k.workload_hash: max(k.calls, 1) for k in tasks}
-    best: dict[str, float] = {}
+    best = run_start(t, calls)
     elapsed, last = 0.0, None
     for r in t.records:
         if r.workload not in calls or t.device_of(r) != t.home:
@@ -100,7 +101,8 @@ def main() -> int:
                          "at_ms": {str(k): at_trials(curve, k) if k <= n else None for k in at}})
     row = {"model": args.model.stem, "reference": str(args.reference), "reference_ms": ref_ms,
            "reference_trials": ref_trials, "reference_trials_to_95pct": ref_n95,
-           "reference_minutes_to_95pct": minutes_to(ref, tasks, ref_ms / 0.95), "reference_curve_ms": ref_curve,
+           "reference_minutes_to_95pct": minutes_to(ref, tasks, ref_ms / 0.95),
+           "reference_curve_ms": ref_curve,
            "reference_untuned_ms": untuned_ms(ref, tasks),
            "reference_at_ms": {str(k): at_trials(ref_curve, k) for k in at}, "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -116,10 +118,12 @@ def main() -> int:
     lines = [f"{row['model']}, {args.target}: the reference run (from scratch, {ref_trials} trials) went "
              f"{ms(row['reference_untuned_ms'])} -> {ms(ref_ms)} ms and reached 95% of its best "
              f"({ms(ref_ms / 0.95)} ms) after {ref_n95 or 'no'} trials; 5x fewer is {five}.", "",
-             "| run | seed | untuned | " + " | ".join(f"after {k}" for k in at) + " | trials to 95% | minutes to 95% |",
+             "| run | seed | untuned | " + " | ".join(f"after {k}" for k in at)
+             + " | trials to 95% | minutes to 95% |",
              "|---|---:|---:|" + "---:|" * len(at) + "---:|---:|",
              "| reference run (from scratch) | 0 | " + ms(row["reference_untuned_ms"]) + " | "
-             + " | ".join(ms(row["reference_at_ms"][str(k)]) for k in at) + f" | {ref_n95 or 'not reached'} | {mins(row['reference_minutes_to_95pct'])} |"]
+             + " | ".join(ms(row["reference_at_ms"][str(k)]) for k in at)
+             + f" | {ref_n95 or 'not reached'} | {mins(row['reference_minutes_to_95pct'])} |"]
     for r in runs:
         lines.append(f"| {r['kind']} | {r['seed']} | {ms(r['untuned_ms'])} | "
                      + " | ".join(ms(r["at_ms"][str(k)]) for k in at)

@@ -63,6 +63,14 @@ def reference_s(t, tasks: list, what: str) -> float:
     return sum(best[k.workload_hash].seconds * max(k.calls, 1) for k in tasks)
 
 
+def run_start(t, calls) -> dict[str, float]:
+    """The bests a replay of log ``t``'s own run starts from: the log's best of each kernel of
+    ``calls`` that the machine which wrote the log never measured (see ``reference_run``)."""
+    home = {r.workload for r in t.records if t.device_of(r) == t.home}
+    logged = t.best_by_workload()
+    return {w: logged[w].seconds for w in calls if w not in home and w in logged}
+
+
 def reference_run(t, tasks: list) -> tuple[int | None, int, list]:
     """(search trials after which the reference log ``t``'s own run reached 95% of its final
     estimate, its search trials in all, its curve [(trials, estimate ms)] where the estimate
@@ -74,9 +82,7 @@ def reference_run(t, tasks: list) -> tuple[int | None, int, list]:
     Before, SqueezeNet's x86-avx2 log, whose softmax kernel only a Zen 5 tuned (53 records at the
     end), made the run look as if it reached its best only at its end."""
     calls = {k.workload_hash: max(k.calls, 1) for k in tasks}
-    home = {r.workload for r in t.records if t.device_of(r) == t.home}
-    logged = t.best_by_workload()
-    best: dict[str, float] = {w: logged[w].seconds for w in calls if w not in home and w in logged}
+    best = run_start(t, calls)
     curve, n = [], 0
     for r in t.records:
         if r.workload not in calls or t.device_of(r) != t.home:

@@ -12,7 +12,8 @@ of MODEL for that first round only (4 trials per kernel, no settle) and reports 
 to end latency after it (each kernel's best times its calls) against REF's best (a 2,000-trial run
 from scratch, as bench/heldout.py), and the round's wall clock from the records' timestamps.
 
-A log already in --logs for a config and seed (.jsonl or .jsonl.gz) is read, not tuned again. Writes NAME.json and NAME.md.
+A log already in --logs for a config and seed (.jsonl or .jsonl.gz) is read, not tuned again.
+Writes NAME.json and NAME.md.
 """
 
 from __future__ import annotations
