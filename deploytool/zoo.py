@@ -4,6 +4,9 @@ Each builder returns an onnx.ModelProto whose weights come from a seeded generat
 same code writes the same bytes (the corpus manifest pins their SHA-256):
 
 * ``mobilenet_v2``  MobileNet-v2, 224x224, width 1.0 (inverted residuals, depthwise convs, ReLU6)
+* ``mobilenet_v1``  MobileNet-v1, 224x224, width 1.0, as in the paper (depthwise-separable blocks, ReLU):
+                    a second depthwise network for the pretrained cost model's training set, so that
+                    MobileNet-v2 can be held out of it (no kernel in common: v2's activations are ReLU6)
 * ``bert_encoder``  a BERT-base-like encoder: seq 128, hidden 768, 12 heads, 12 layers, FFN 3072,
                     MatMul / Softmax / LayerNormalization / erf-GELU; token ids in, hidden states out
 * ``small_encoder`` the same encoder at MiniLM size: seq 128, hidden 384, 6 heads, 6 layers, FFN 1536
@@ -92,6 +95,36 @@ def mobilenet_v2(seed: int = 0, num_classes: int = 1000):
     y = b.op("Gemm", [y, w, b.bias(num_classes)], transB=1)
     b.nodes[-1].output[0] = "logits"
     return b.model("mobilenet_v2", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
+                   [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, num_classes])], opset=13)
+
+
+def mobilenet_v1(seed: int = 0, num_classes: int = 1000):
+    """Howard et al. 2017, Table 1: a 3x3 stride-2 convolution, 13 depthwise-separable blocks (3x3
+    depthwise then 1x1 pointwise, each followed by BatchNorm, folded here into the bias, and ReLU),
+    global average pooling and a dense classifier."""
+    from onnx import TensorProto, helper
+
+    b = _Builder(seed)
+
+    def conv_relu(x, cin, cout, k, stride, groups=1):
+        w = b.weight((cout, cin // groups, k, k), fan_in=cin // groups * k * k)
+        y = b.op("Conv", [x, w, b.bias(cout)], kernel_shape=[k, k], strides=[stride, stride],
+                 pads=[k // 2] * 4, group=groups)
+        return b.op("Relu", [y])
+
+    y = conv_relu("input", 3, 32, 3, 2)
+    cin = 32
+    for cout, stride in [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2)] + [(512, 1)] * 5 + [
+            (1024, 2), (1024, 1)]:
+        y = conv_relu(y, cin, cin, 3, stride, groups=cin)
+        y = conv_relu(y, cin, cout, 1, 1)
+        cin = cout
+    y = b.op("GlobalAveragePool", [y])
+    y = b.op("Flatten", [y], axis=1)
+    w = b.weight((num_classes, cin), fan_in=cin, gain=1.0)
+    y = b.op("Gemm", [y, w, b.bias(num_classes)], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model("mobilenet_v1", [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 224, 224])],
                    [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, num_classes])], opset=13)
 
 
@@ -266,5 +299,6 @@ def small_encoder(seed: int = 0):
     return bert_encoder(seed, seq=128, hidden=384, heads=6, layers=6, ffn=1536, name="small_encoder")
 
 
-BUILDERS = {"small_encoder": small_encoder, "mobilenet_v2": mobilenet_v2, "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
+BUILDERS = {"small_encoder": small_encoder, "mobilenet_v2": mobilenet_v2, "mobilenet_v1": mobilenet_v1,
+            "bert_encoder": bert_encoder, "ds_cnn_1d": ds_cnn_1d,
             "micro_cnn": micro_cnn, "kws_dscnn": kws_dscnn, "yolov3_tiny": yolov3_tiny}

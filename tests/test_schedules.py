@@ -34,6 +34,7 @@ def _tiny_bert():
     ("ds_cnn_1d", zoo.ds_cnn_1d),
     ("tiny_bert", _tiny_bert),
     ("mobilenet_v2", zoo.mobilenet_v2),
+    ("mobilenet_v1", zoo.mobilenet_v1),
     ("small_yolov3_tiny", lambda: zoo.yolov3_tiny(size=64, num_classes=3)),  # the box decoding's slices, exp, concat
 ])
 def test_every_kernel_is_scheduled_and_correct(name, build, tmp_path):
