@@ -2,13 +2,14 @@
 
     python bench/probe_population.py MODEL.onnx --target x86-avx512 --cost-model WO.ubj
                                      --reference REF.jsonl --config 256x3 --config 1024x4
-                                     [--seeds 0,1,2] [--logs DIR] --out bench/results/NAME
+                                     [--seeds 0,1,2] [--spread K] [--logs DIR] --out bench/results/NAME
 
 With a pretrained cost model, `tune` measures only the model's top 4 of each kernel's first search
 round (`--first-round`), so that round's picks are the model's alone: what the run starts from. For
 each --config POPULATIONxGENERATIONS (the evolutionary search's population and genetic iterations;
 the shipped x86 setting is 256x3, MetaSchedule's default 512x4) and seed, this tunes every kernel
-of MODEL for that first round only (4 trials per kernel, no settle) and reports the estimated end
+of MODEL for that first round only (4 trials per kernel, no settle; with --spread K the round's
+picks are K tile decisions apart, `api.tune(first_round_spread=K)`) and reports the estimated end
 to end latency after it (each kernel's best times its calls) against REF's best (a 2,000-trial run
 from scratch, as bench/heldout.py), and the round's wall clock from the records' timestamps.
 
@@ -28,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 
-def round_one(model: Path, target: str, cost_model: str, pop: int, gen: int, seed: int, log: Path, kernels: int):
+def round_one(model: Path, target: str, cost_model: str, pop: int, gen: int, seed: int, log: Path, kernels: int,
+              spread: int = 0):
     from deploytool import api
     from deploytool.schedules import space
 
@@ -36,7 +38,7 @@ def round_one(model: Path, target: str, cost_model: str, pop: int, gen: int, see
     space.search_config = lambda t: dataclasses.replace(shipped(t), population=pop, genetic_iters=gen)
     try:
         api.tune(model, target=target, output=log, trials=4 * kernels, seed=seed, cost_model=cost_model,
-                 settle=0, early_stop=0, first_round=4)
+                 settle=0, early_stop=0, first_round=4, first_round_spread=spread)
     finally:
         space.search_config = shipped
 
@@ -66,6 +68,8 @@ def main() -> int:
     ap.add_argument("--reference", required=True, type=Path)
     ap.add_argument("--config", action="append", required=True, metavar="POPxGEN")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--spread", type=int, default=0, help="the first round's picks this many tile decisions apart "
+                    "(tuner.first_picks; 0: the model's top 4)")
     ap.add_argument("--logs", type=Path, default=REPO / "bench" / "results" / "heldout-logs")
     ap.add_argument("--out", required=True, type=Path, help="path without suffix")
     ap.add_argument("--note", default="", help="a paragraph for the markdown, after the table")
@@ -78,16 +82,18 @@ def main() -> int:
     for cfg in args.config:
         pop, gen = (int(x) for x in cfg.lower().split("x"))
         for seed in (int(s) for s in args.seeds.split(",")):
-            log = args.logs / f"{args.model.stem}-{args.target}-first-round-{pop}x{gen}-seed{seed}.jsonl"
+            spread = f"-spread{args.spread}" if args.spread else ""
+            log = args.logs / f"{args.model.stem}-{args.target}-first-round-{pop}x{gen}{spread}-seed{seed}.jsonl"
             if log.with_suffix(".jsonl.gz").is_file():
                 log = log.with_suffix(".jsonl.gz")
             elif not log.is_file():
-                round_one(args.model, args.target, args.cost_model, pop, gen, seed, log, len(tasks))
+                round_one(args.model, args.target, args.cost_model, pop, gen, seed, log, len(tasks), args.spread)
             ms, minutes = estimate(TuningLog.read(log), tasks)
             rows.append({"population": pop, "generations": gen, "seed": seed, "log": str(log),
                          "after_round_one_ms": ms, "vs_reference_best": ms / ref_ms if ms else None,
                          "minutes": minutes})
     res = {"model": args.model.stem, "target": args.target, "kernels": len(tasks), "reference": str(args.reference),
+           "spread": args.spread,
            "reference_best_ms": ref_ms, "note": args.note, "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")

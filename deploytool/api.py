@@ -544,7 +544,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          input_shapes=None, seed: int = 0, workers: int | None = None, measure=None, objective: str | None = None,
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
          split_k: bool = True, winograd: bool | str = False, cublas: bool = False, cudnn: bool = False,
-         first_round: int | None = None, settle: int | None = None,
+         first_round: int | None = None, first_round_spread: int = 0, settle: int | None = None,
          kernels: str | None = None, threads: int | None = None,
          on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
@@ -569,6 +569,10 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     after a median of 89 trials instead of 232, 151 vs 232 on the seed timed alike; the same final
     latency; bench/results/pretrain-first-round.md) on CPUs, a full batch otherwise (on GPUs the
     search round, seconds on the host, costs far more than measuring its candidates).
+    ``first_round_spread``: the first round's picks differ in at least this many tile decisions
+    (``tuner.first_picks``); 0, the default: the model's top ones. Spread by 2 on MobileNetV2 held
+    out, 3 seeds, the first round ended no better (4.95 ms against 4.75;
+    bench/results/first-round-mobilenet-depthwise.md).
     ``settle``: rounds of the settle at the end (deploytool.tuner.SETTLE_ROUNDS): each kernel's
     default and best few candidates timed again side by side, which then pick its best; None: 5
     when measuring on this machine, 0 (none) on boards over RPC.
@@ -601,6 +605,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(retime_top >= 1, "--retime-top", retime_top, "a number of candidates per kernel >= 1")
     _require(settle is None or settle >= 0, "--settle", settle, "0 (no settle) or a number of rounds")
     _require(first_round is None or first_round >= 1, "--first-round", first_round, "a number of candidates >= 1")
+    _require(first_round_spread >= 0, "first_round_spread", first_round_spread, "a number of tile decisions >= 0")
     _check_threads(threads)
     if retime_from is not None and not Path(retime_from).is_file():
         raise InputError(f"--retime-from: no tuning log at {retime_from}", "pass an existing .jsonl or .jsonl.gz log")
@@ -685,8 +690,9 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                                        **({"threads": threads} if threads else {})),
                            cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
                            retime_top=retime_top,
-                           first_round=first_round, settle=settle,
-                           settle_only=frozenset(t.name for t in partners),
+                           first_round=first_round,
+                           first_round_spread=first_round_spread if first_round else 0,
+                           settle=settle, settle_only=frozenset(t.name for t in partners),
                            **({"objective": objective} if objective else {}))
         return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                      model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,

@@ -433,6 +433,8 @@ PRETRAIN_SECTIONS = [
      "(SqueezeNet held out): `deploytool tune --first-round 16` and `python bench/heldout.py`"),
     ("probe-population-mobilenet.md", "### A wider search for the pretrained model's first picks (MobileNetV2 held "
      "out): `python bench/probe_population.py`"),
+    ("first-round-mobilenet-depthwise.md", "### MobileNetV2's depthwise convolutions in the first round: picks spread "
+     "over tilings, and MobileNet-v1 in the pretraining data: `python bench/probe_population.py`"),
 ]
 
 

@@ -61,6 +61,8 @@ class TuneOptions:
     # measure at most this many candidates in each task's first round (the cost model's top picks),
     # so that every task is probed before the heavy ones get full rounds (None: a full batch)
     first_round: int | None = None
+    # ... spread over tilings: picks differ in at least this many tile decisions (0: the top ones)
+    first_round_spread: int = 0
     # rounds of the settle at the end (None: SETTLE_ROUNDS when measuring here, 0 on boards over RPC;
     # 0: none)
     settle: int | None = None
@@ -547,7 +549,9 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     fresh.append(j)
             fresh = fresh[: max(0, min(budget_left - done_new, st.cap - st.trials))]
             if st.rounds == 0 and opts.first_round:
-                fresh = fresh[: opts.first_round]
+                picks = first_picks([tile_signature(cands[j].sch) for j in fresh] if opts.first_round_spread
+                                    else [()] * len(fresh), opts.first_round, opts.first_round_spread)
+                fresh = [fresh[i] for i in picks]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
             got = dict(zip(fresh, outs))
             wl = db(st).commit_workload(wmods[st.workload])
@@ -617,6 +621,37 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         guard.__exit__(None, None, None)
         writer.close()
         measurer.close()
+
+
+def tile_signature(sch) -> tuple:
+    """A candidate's tiling: the decisions of its trace's SamplePerfectTile instructions, in order."""
+    trace = sch.trace
+    return tuple(tuple(int(x) for x in trace.get_decision(inst)) if trace.get_decision(inst) is not None else None
+                 for inst in trace.insts if inst.kind.name == "SamplePerfectTile")
+
+
+def first_picks(signatures: list[tuple], k: int, spread: int = 0) -> list[int]:
+    """Which ``k`` of a task's first-round candidates to measure, given their tilings
+    (``tile_signature``) in the search's order (the cost model's ranking, a few random ones mixed
+    in). ``spread`` 0: the first ``k``. Else greedily down that order, a candidate whose tiling
+    differs from every one already picked in at least ``spread`` tile decisions (a candidate of
+    another design space, with another count of them, differs from all), then the order's next
+    ones if too few did: the model's top picks are often one tiling with other unroll or
+    compute-location decisions, and where the model misjudges a kernel all of them miss together."""
+    if not spread:
+        return list(range(min(k, len(signatures))))
+
+    def far(a, b) -> bool:
+        return len(a) != len(b) or sum(x != y for x, y in zip(a, b)) >= spread
+
+    picks: list[int] = []
+    for i, sig in enumerate(signatures):
+        if len(picks) == k:
+            break
+        if all(far(sig, signatures[p]) for p in picks):
+            picks.append(i)
+    picks += [i for i in range(len(signatures)) if i not in picks][: k - len(picks)]
+    return sorted(picks)
 
 
 def _result(log_path, states, seconds, measurer, t_start, curve, resumed, retimed) -> TuneResult:

@@ -1128,3 +1128,36 @@ def test_a_total_budget_is_not_cut_at_the_default_per_kernel():
     assert _per_task(TuneOptions(trials_per_task=8), cfg) == 8
     assert _per_task(TuneOptions(more=400), cfg) == 64
     assert _per_task(TuneOptions(trials=0), cfg) == 1
+
+
+@pytest.mark.fast
+def test_a_spread_first_round_picks_tilings_apart_from_the_models_order(tiny_candidates, tiny_model, tmp_path):
+    """tuner.first_picks: spread 0 is the model's top k; spread K walks the model's order and takes a
+    candidate whose tiling differs from each one taken in at least K tile decisions (another design
+    space, with another number of them, differs from all), then fills up with the order's next ones.
+    tile_signature reads a real candidate's SamplePerfectTile decisions."""
+    from deploytool.tuner import first_picks, tile_signature
+
+    a, a1, b, c = ((1, 8), (2, 4)), ((1, 8), (4, 2)), ((2, 4), (4, 2)), ((1, 1, 8),)
+    assert first_picks([a, a1, b, c], 3) == [0, 1, 2]
+    assert first_picks([a, a1, b, c], 3, spread=2) == [0, 2, 3]      # a1 is a with one tile changed
+    assert first_picks([a, a1, b, c], 3, spread=1) == [0, 1, 2]
+    assert first_picks([a, a, a1], 2, spread=2) == [0, 1]             # too few apart: the order's next
+    assert first_picks([a, b], 4, spread=2) == [0, 1]
+    assert first_picks([], 4, spread=2) == []
+
+    _, cands = tiny_candidates
+    sigs = [tile_signature(cd.sch) for cd in cands[: len(cands) // 2]]
+    tiled = [s for s in sigs if s]
+    assert all(isinstance(d, tuple) and all(isinstance(x, int) and x >= 1 for x in d) for s in tiled for d in s)
+    # the default schedule's space and MetaSchedule's generic tiling sample different numbers of tiles
+    assert len({len(s) for s in sigs}) == 2, sigs
+    other = next(i for i, s in enumerate(sigs) if len(s) != len(sigs[0]))
+    assert first_picks(sigs, 2, spread=2) == [0, other]
+
+    from deploytool import api
+    from deploytool.errors import InputError
+
+    with pytest.raises(InputError, match="first_round_spread -1"):
+        api.tune(tiny_model, target="x86", output=tmp_path / "t.jsonl", first_round_spread=-1)
+    assert not (tmp_path / "t.jsonl").exists()
