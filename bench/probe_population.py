@@ -102,13 +102,14 @@ def main() -> int:
              f"reference's best: {ref_ms:.2f} ms (95%: {ref_ms / 0.95:.2f}).", "",
              "| population x generations | seed | after the first round (ms) | vs the reference's best | minutes |",
              "|---|---:|---:|---:|---:|"]
+    label = f", picks spread by {args.spread}" if args.spread else ""
     for cfg in dict.fromkeys((r["population"], r["generations"]) for r in rows):
         mine = [r for r in rows if (r["population"], r["generations"]) == cfg]
         for r in mine:
-            lines.append(f"| {cfg[0]} x {cfg[1]} | {r['seed']} | {r['after_round_one_ms']:.2f} | "
+            lines.append(f"| {cfg[0]} x {cfg[1]}{label} | {r['seed']} | {r['after_round_one_ms']:.2f} | "
                          f"{r['vs_reference_best']:.2f}x | {r['minutes']:.1f} |")
         vals = [r["after_round_one_ms"] for r in mine]
-        lines.append(f"| **{cfg[0]} x {cfg[1]}, mean** | | **{sum(vals) / len(vals):.2f}** | "
+        lines.append(f"| **{cfg[0]} x {cfg[1]}{label}, mean** | | **{sum(vals) / len(vals):.2f}** | "
                      f"{sum(vals) / len(vals) / ref_ms:.2f}x | {sum(r['minutes'] for r in mine) / len(mine):.1f} |")
     if args.note:
         lines += ["", args.note]
