@@ -435,6 +435,8 @@ PRETRAIN_SECTIONS = [
      "out): `python bench/probe_population.py`"),
     ("first-round-mobilenet-depthwise.md", "### MobileNetV2's depthwise convolutions in the first round: picks spread "
      "over tilings, and MobileNet-v1 in the pretraining data: `python bench/probe_population.py`"),
+    ("kind-transfer-mobilenet.md", "### MobileNetV2's depthwise convolutions, offline: a model of that kind alone, "
+     "and the model on its own first picks: `python bench/kind_transfer.py`"),
 ]
 
 
