@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from pretrain import at_trials, model_tasks, plot, reference_run, run_start, trials_to  # noqa: E402
+from pretrain import at_trials, model_tasks, plot, reference_run, run_start, trials_to, write_markdown  # noqa: E402
 
 
 def untuned_ms(t, tasks) -> float | None:
@@ -133,11 +133,8 @@ def main() -> int:
     lines.append("Estimated end to end (ms): each kernel's best so far times its calls; '-': past the run's end. "
                  "Minutes to 95%: wall clock from the run's first record (search, building and timing; "
                  "a pause between a run and its resume not counted).")
-    if args.note:
-        lines += ["", args.note]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     plot({"online": [row]}, args.out.with_suffix(".png"))
-    print("\n".join(lines))
+    write_markdown(args.out, lines, args.note)
     return 0
 
 

@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from pretrain import write_markdown  # noqa: E402
 from transfer import scores  # noqa: E402
 
 from deploytool.cost_model import pretrain as P  # noqa: E402
@@ -139,10 +140,7 @@ def main() -> int:
               "| kind | kernels | pairwise / top-1 / best of 8 |", "|---|---:|---|"]
     for k, v in sorted(res["own_first_picks"].items()):
         lines.append(f"| {k} | {v['kernels']} | {f(v)} |")
-    if args.note:
-        lines += ["", args.note]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, lines, args.note)
     return 0
 
 

@@ -113,6 +113,13 @@ KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
          "transfer": "other family's model without it, first round of 4"}  # --transfer-from: e.g. AVX-512 for AVX2
 
 
+def write_markdown(out: Path, lines: list[str], note: str = "") -> None:
+    """A bench script's table: ``lines`` and the --note paragraph after them, to OUT.md and stdout."""
+    lines = lines + (["", note] if note else [])
+    Path(out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def trials_to(curve, target_s: float):
     for n, s in curve:
         if s <= target_s:

@@ -59,7 +59,7 @@ def estimate(t, tasks) -> tuple[float | None, float]:
 
 def main() -> int:
     from deploytool.tuninglog import TuningLog
-    from pretrain import model_tasks, reference_run
+    from pretrain import model_tasks, reference_run, write_markdown
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", type=Path)
@@ -111,10 +111,7 @@ def main() -> int:
         vals = [r["after_round_one_ms"] for r in mine]
         lines.append(f"| **{cfg[0]} x {cfg[1]}{label}, mean** | | **{sum(vals) / len(vals):.2f}** | "
                      f"{sum(vals) / len(vals) / ref_ms:.2f}x | {sum(r['minutes'] for r in mine) / len(mine):.1f} |")
-    if args.note:
-        lines += ["", args.note]
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, lines, args.note)
     return 0
 
 
