@@ -241,6 +241,9 @@ class SearchConfig:
     batch: int = 16                    # candidates measured per round
     population: int = 256              # evolutionary search population
     genetic_iters: int = 3
+    # MetaSchedule measures int(batch * eps_greedy) random candidates a round, after the model's
+    # picks (PickWithEpsGreedy): none at batch 16, so the CPU search takes the model's picks only;
+    # CUDA's batch of 32 takes 1
     eps_greedy: float = 0.05
     early_stop_trials: int = 48        # stop a task whose best has not improved for this many trials
 
