@@ -132,7 +132,7 @@ def main() -> int:
              f"{args.model} ({res['dataset_records']} records; the depthwise and grouped convolutions' "
              f"{res['dw_records']}, of {', '.join(res['dw_models'])}). Pairwise accuracy / top-1 score / best of "
              "the top 8, means over the kernels:", "",
-             "| trained on | " + " | ".join(["reference's records"]) + " |", "|---|---|"]
+             "| trained on | reference's records |", "|---|---|"]
     for k in models:
         lines.append(f"| {k} | {f(res['reference_dw']['means'][k])} |")
     lines += ["", f"The pretrained model without {args.model} (`{args.cost_model.name}`) on its own first picks "

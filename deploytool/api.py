@@ -690,8 +690,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                                                        **({"threads": threads} if threads else {})),
                            cost_model=cm_file, ranker=ranker, ms_pretrained=ms_file, retime_from=retime_from,
                            retime_top=retime_top,
-                           first_round=first_round,
-                           first_round_spread=first_round_spread if first_round else 0,
+                           first_round=first_round, first_round_spread=first_round_spread,
                            settle=settle, settle_only=frozenset(t.name for t in partners),
                            **({"objective": objective} if objective else {}))
         return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,

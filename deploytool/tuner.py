@@ -626,8 +626,8 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
 def tile_signature(sch) -> tuple:
     """A candidate's tiling: the decisions of its trace's SamplePerfectTile instructions, in order."""
     trace = sch.trace
-    return tuple(tuple(int(x) for x in trace.get_decision(inst)) if trace.get_decision(inst) is not None else None
-                 for inst in trace.insts if inst.kind.name == "SamplePerfectTile")
+    decisions = (trace.get_decision(inst) for inst in trace.insts if inst.kind.name == "SamplePerfectTile")
+    return tuple(None if d is None else tuple(int(x) for x in d) for d in decisions)
 
 
 def first_picks(signatures: list[tuple], k: int, spread: int = 0) -> list[int]:
