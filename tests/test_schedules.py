@@ -45,7 +45,9 @@ def test_every_kernel_is_scheduled_and_correct(name, build, tmp_path):
     # convolutions and matmuls get the register-blocked rule itself, not the safety net (a bug in
     # the rule would otherwise degrade silently to parallel_fallback)
     heavy = {k: v for k, v in res.schedules.items() if "conv" in k or "matmul" in k}
-    assert heavy and all(v == "tile_reduction" for v in heavy.values()), heavy
+    assert heavy and all(v in ("tile_reduction", "depthwise") for v in heavy.values()), heavy
+    # the depthwise convolutions (and only they) get their own rule
+    assert ("depthwise" in heavy.values()) == (name in ("ds_cnn_1d", "mobilenet_v2", "mobilenet_v1")), heavy
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
@@ -350,6 +352,39 @@ def test_a_channel_concatenation_copies_each_input_in_its_own_loop(tmp_path):
     assert space.replay_trace(wmod, trace).mod.script() == space.default_candidate(target, wmod).mod.script()
     res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "concat.so")
     assert res.schedules[name] == "injective"
+    assert deploytool.run(res.artifact.path, check=src).ok
+
+
+def test_depthwise_convolutions_get_their_rule_and_match_onnxruntime(tmp_path):
+    """The ``depthwise`` rule (columns of output rows per task, row x channel-vector register tiles)
+    on the shapes that exercise its choices: 14 rows (tasks of 14, tiles of 7), stride 2 onto a
+    7x7 image (few tasks: channel chunks are split among them too), 136 channels (not a multiple
+    of AVX-512's 16 lanes), a residual add and a clip in the epilogue. The grouped convolution
+    with two channels per group is not depthwise: tile_reduction's. The numbers match
+    onnxruntime's."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(0, 0.3, shape).astype(np.float32), name) for name, shape in
+             (("d1", (24, 1, 3, 3)), ("p1", (136, 24, 1, 1)), ("d2", (136, 1, 3, 3)), ("b2", (136,)),
+              ("d3", (136, 1, 3, 3)), ("g4", (136, 2, 3, 3)))]
+    inits += [numpy_helper.from_array(np.array(0.0, np.float32), "lo"),
+              numpy_helper.from_array(np.array(6.0, np.float32), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "d1"], ["c1"], group=24, pads=[1, 1, 1, 1]),
+             helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
+             helper.make_node("Conv", ["r1", "p1"], ["c2"]),
+             helper.make_node("Conv", ["c2", "d2", "b2"], ["c3"], group=136, pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Conv", ["c3", "d3"], ["c4"], group=136, pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c4", "c3"], ["a4"]),
+             helper.make_node("Conv", ["a4", "g4"], ["y"], group=68, pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 24, 14, 14])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 136, 7, 7])], inits)
+    src = tmp_path / "dw.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+    res = deploytool.compile(src, output=tmp_path / "dw.so")
+    convs = {k: v for k, v in res.schedules.items() if "conv" in k}
+    assert sorted(convs.values()) == ["depthwise"] * 3 + ["tile_reduction"] * 2, convs
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
@@ -661,7 +696,7 @@ def test_one_d_convolutions_vectorize_their_channels(tmp_path):
         lanes = [int(n) for n in re.findall(r"for \w+ in T\.vectorized\((?:T\.int64\()?(\d+)", mod[name].script())]
         assert lanes and all(n % 8 == 0 for n in lanes), (name, lanes, mod[name].script())
     res = deploytool.compile(src, target="x86-avx2", output=tmp_path / "conv1d.so")
-    assert all(res.schedules[n] == "tile_reduction" for n in convs), res.schedules
+    assert sorted(res.schedules[n] for n in convs) == ["depthwise", "tile_reduction", "tile_reduction"], res.schedules
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
