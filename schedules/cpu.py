@@ -214,10 +214,17 @@ def _register_tile(C: int, W: int, lanes: int, registers: int) -> tuple[int, int
     # More than 8 rows of two vectors only with two registers to spare (13 x 2 on AVX-512, not
     # 14 x 2): YOLOv3-tiny's 13- to 208-wide convs took 13 x 1 or 2 x 4 tiles before; untuned it
     # ran 44.9/45.8/44.6 ms with those and 44.7/42.1/43.1 with 13 x 2 (Intel Xeon, 2 threads).
+    # Three or four vectors a row only with fewer than 4 rows, except on AVX-512 (16 lanes): on the
+    # Xeon (model 167) taller tiles such as 8 x 3 made the untuned kernels whose tile changed
+    # faster on all 9 corpus models probed (calls-weighted: ResNet-50 0.93x, BERT 0.95x,
+    # SqueezeNet 0.79x, MobileNet-v2 0.60x with the vector fix of _tile_vector; 2 of 80 kernels
+    # over 5% slower). NEON, whose 32 registers would allow them too, keeps the limit until
+    # measured on a board.
+    tall = lanes >= 16
     best = None
     for rows in (d for d in range(1, min(W, 14) + 1) if W % d == 0):
         for m in (d for d in range(1, min(nvec, 4) + 1) if nvec % d == 0):
-            if rows * m + m + 2 > registers or (rows >= 4 and m > 2) or \
+            if rows * m + m + 2 > registers or (rows >= 4 and m > 2 and not tall) or \
                     (m > 1 and rows > 8 and rows * m + m + 4 > registers):
                 continue
             score = (rows * m / (rows + m), m == 2, rows)
@@ -227,6 +234,15 @@ def _register_tile(C: int, W: int, lanes: int, registers: int) -> tuple[int, int
         return v, 1
     _, rows, m = best
     return v * m, rows
+
+
+def _tile_vector(ci: int, lanes: int) -> int:
+    """The vectorized loop's extent within a register tile of ``ci`` channels (the rest of the tile
+    is unrolled): whole native vectors, else the part-vector of ``_vector_tile``. (A tile of 24
+    channels on AVX-512 was one 24-lane vector, a zmm and a ymm that LLVM juggles: MobileNet-v2's
+    1x1 convolutions to 24 channels ran 1.25 and 0.82 ms untuned that way, 0.14 and 0.09 as 3
+    vectors of 8 lanes in 8-row tiles.)"""
+    return min(ci, lanes) if ci % min(ci, lanes) == 0 else _vector_tile(ci, lanes)
 
 
 def _iter_kinds(sch, block) -> list[int]:
@@ -493,7 +509,7 @@ def tile_reduction(sch, tvm_target, params: CPUParams):
 
     loops = sch.get_loops(red)
     sp_loops, r_loops = list(loops[:n_sp]), list(loops[n_sp:])
-    v = min(ci, lanes) if ci % min(ci, lanes) == 0 else ci
+    v = _tile_vector(ci, lanes)
     if group:
         # groups outside, then tiles within a group: (g * group + r) // group simplifies to g,
         # so the input channel is one broadcast per tile
@@ -560,11 +576,12 @@ def depthwise(sch, tvm_target, params: CPUParams):
 
     A depthwise convolution reuses nothing across channels, so the channel-first register tile of
     ``tile_reduction`` (rows x 2 vectors, the channels of a tile outermost) streamed the image once
-    per channel tile. On the Xeon (AVX-512) MobileNet-v2's 10 depthwise kernels took 1.87 ms that
-    way and 0.65-0.69 with this rule; MobileNet-v1's and ShuffleNet's 2.7-3.0x faster too. Through
-    a local tile (``cache_write``, as tile_reduction does) the same loops were 1.5x slower, with
-    the padding copied per channel chunk 1.4x slower (/tmp probes, see the #9 closing note of
-    2026-12-07). The rows of a task and of a tile are sampled decisions, so tuning mutates them."""
+    per channel tile: on the AVX-512 Xeon (model 167) MobileNet-v2's 10 depthwise kernels took
+    1.78 ms that way and 0.61 with this rule (its 2,000-trial tuned best: 0.63), MobileNet-v1's
+    and ShuffleNet's 2.9x and 3.6x faster too (calls-weighted, timed cold; bench/depthwise.py).
+    Probed and dropped: a local accumulator tile (``cache_write``, as tile_reduction) and the
+    padding copied per channel chunk, each 1.4x slower; 8-lane vectors on AVX-512, 1.1x slower.
+    The rows of a task and of a tile are sampled decisions, so tuning mutates them."""
     root = sch.get_sblock("root")
     reds = [b for b in sch.get_child_blocks(root) if any(k == 2 for k in _iter_kinds(sch, b))]
     if len(reds) != 1 or not _is_depthwise(sch, reds[0]):

@@ -10,7 +10,9 @@ from deploytool.schedules import cpu
 
 @pytest.mark.fast
 @pytest.mark.parametrize("C,W,lanes,regs,expect", [
-    (64, 56, 16, 32, (32, 8)),     # AVX-512: two vectors x 8 rows
+    (64, 56, 16, 32, (64, 4)),     # AVX-512: four vectors x 4 rows (3-4 vectors a row with 4+ rows: AVX-512 only)
+    (24, 56, 16, 32, (24, 8)),     # 24 channels on AVX-512: 3 part-vectors of 8 lanes x 8 rows
+    (64, 56, 4, 32, (8, 8)),       # NEON: 32 registers, but at most 2 vectors a row with 4+ rows
     (64, 56, 8, 16, (16, 4)),      # AVX2: half the registers, half the rows
     (1000, 13, 16, 32, (8, 13)),   # 1000 = 8 x 125 lanes; prime width 13: all 13 rows, one vector
     (1024, 13, 16, 32, (32, 13)),  # prime width 13: all 13 rows, two vectors (two registers spare)
@@ -21,7 +23,9 @@ def test_register_tile(C, W, lanes, regs, expect):
     ci, wi = cpu._register_tile(C, W, lanes, regs)
     assert (ci, wi) == expect
     assert C % ci == 0 and W % wi == 0
-    vectors = -(-ci // lanes)
+    v = cpu._tile_vector(ci, lanes)
+    assert v <= lanes and ci % v == 0  # whole native vectors or part-vectors, never a 24-lane one
+    vectors = ci // v
     assert wi * vectors + vectors + 1 < regs  # accumulators + weight vectors + broadcast fit
 
 
