@@ -423,6 +423,9 @@ PRETRAIN_SECTIONS = [
      "data: `deploytool tune --trials 400` and `python bench/heldout.py`"),
     ("pretrain-mobilenet-m167.md", "### MobileNetV2 held out, against the 2,000-trial run from scratch (Xeon model "
      "167), 400 trials: `deploytool tune --trials 400` and `python bench/heldout.py`"),
+    ("pretrain-mobilenet-m167-defaults.md", "### MobileNetV2 held out again, with the 2026-12-07 default schedules "
+     "(the depthwise rule, AVX-512's taller tiles) on both sides: `deploytool tune --trials 400` and "
+     "`python bench/heldout.py`"),
     ("pretrain-small-encoder-m167.md", "### The MiniLM-sized encoder held out, against a 2,000-trial run from "
      "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
     ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
@@ -505,6 +508,9 @@ def write_doc(results_dir: Path, doc: Path) -> None:
             parts.append(f"{heading}\n\n" + f.read_text())
     for f in sorted(results_dir.glob("winograd-*.md")):
         parts.append("## Winograd convolutions on CPUs: `python bench/winograd.py`\n\n" + f.read_text())
+    for f in sorted(results_dir.glob("defaults-*.md")):
+        parts.append(f"## A change to the default CPU schedules, before and after: `python bench/defaults_ab.py "
+                     f"--change {f.stem.split('-')[1]}`\n\n" + f.read_text())
     doc.write_text("\n".join(parts))
 
 

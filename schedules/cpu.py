@@ -217,9 +217,9 @@ def _register_tile(C: int, W: int, lanes: int, registers: int) -> tuple[int, int
     # Three or four vectors a row only with fewer than 4 rows, except on AVX-512 (16 lanes): on the
     # Xeon (model 167) taller tiles such as 8 x 3 made the untuned kernels whose tile changed
     # faster on all 9 corpus models probed (calls-weighted: ResNet-50 0.93x, BERT 0.95x,
-    # SqueezeNet 0.79x, MobileNet-v2 0.60x with the vector fix of _tile_vector; 2 of 80 kernels
-    # over 5% slower). NEON, whose 32 registers would allow them too, keeps the limit until
-    # measured on a board.
+    # SqueezeNet 0.79x, MobileNet-v2 0.60x with the vector fix of _tile_vector; 3 kernels 6-15%
+    # slower; `python bench/defaults_ab.py --change tiles`). NEON, whose 32 registers would allow
+    # them too, keeps the limit until measured on a board.
     tall = lanes >= 16
     best = None
     for rows in (d for d in range(1, min(W, 14) + 1) if W % d == 0):
@@ -577,8 +577,10 @@ def depthwise(sch, tvm_target, params: CPUParams):
     A depthwise convolution reuses nothing across channels, so the channel-first register tile of
     ``tile_reduction`` (rows x 2 vectors, the channels of a tile outermost) streamed the image once
     per channel tile: on the AVX-512 Xeon (model 167) MobileNet-v2's 10 depthwise kernels took
-    1.78 ms that way and 0.61 with this rule (its 2,000-trial tuned best: 0.63), MobileNet-v1's
-    and ShuffleNet's 2.9x and 3.6x faster too (calls-weighted, timed cold; bench/depthwise.py).
+    1.72 ms that way and 0.60 with this rule (its 2,000-trial tuned best: 0.63), MobileNet-v1's
+    and ShuffleNet's 2.6x and 2.4x faster too (calls-weighted, timed cold; ``python
+    bench/defaults_ab.py --change depthwise``). On 7x7 images at stride 1, 4 of 6 kernels ran
+    1.1-1.4x slower than tile_reduction's (0.02-0.04 ms each), with or without the channel split.
     Probed and dropped: a local accumulator tile (``cache_write``, as tile_reduction) and the
     padding copied per channel chunk, each 1.4x slower; 8-lane vectors on AVX-512, 1.1x slower.
     The rows of a task and of a tile are sampled decisions, so tuning mutates them."""
