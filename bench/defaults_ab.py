@@ -7,7 +7,7 @@ The changes (2026-12-07, schedules/cpu.py):
   scheduled without it (``tile_reduction``), "after" with it.
 * ``tiles``: ``tile_reduction``'s register tile on AVX-512 (3-4 vectors a row with 4+ rows) and
   its vectorized loop (``_tile_vector``: never a non-native vector such as 24 lanes). "before"
-  uses the earlier ``_register_tile`` and ``_tile_vector``, kept below as they were.
+  uses ``_register_tile`` with ``tall=False`` (as it was) and the earlier ``_tile_vector``, kept below.
 * ``both``: the two together, "before" as the defaults were at the start of 2026-12-07.
 
 Every kernel of each model whose default schedule the change alters is built both ways (weights
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import time
@@ -33,27 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"depthwise": "mobilenet_v2,mobilenet_v1,shufflenet",
           "tiles": "mobilenet_v2,shufflenet,squeezenet,resnet50,bert_encoder",
           "both": "mobilenet_v2,mobilenet_v1,shufflenet"}
-
-
-def _register_tile_before(C: int, W: int, lanes: int, registers: int) -> tuple[int, int]:
-    """schedules.cpu._register_tile before 2026-12-07: at most 2 vectors a row with 4+ rows."""
-    from deploytool.schedules.cpu import _vector_tile
-
-    v = _vector_tile(C, lanes) if C % (2 * lanes) else lanes
-    nvec = C // v
-    best = None
-    for rows in (d for d in range(1, min(W, 14) + 1) if W % d == 0):
-        for m in (d for d in range(1, min(nvec, 4) + 1) if nvec % d == 0):
-            if rows * m + m + 2 > registers or (rows >= 4 and m > 2) or \
-                    (m > 1 and rows > 8 and rows * m + m + 4 > registers):
-                continue
-            score = (rows * m / (rows + m), m == 2, rows)
-            if best is None or score > best[0]:
-                best = (score, rows, m)
-    if best is None:
-        return v, 1
-    _, rows, m = best
-    return v * m, rows
 
 
 def _tile_vector_before(ci: int, lanes: int) -> int:
@@ -70,7 +50,8 @@ def before(change: str):
     if change in ("depthwise", "both"):
         cpu.RULES = tuple(r for r in cpu.RULES if r is not cpu.depthwise)
     if change in ("tiles", "both"):
-        cpu._register_tile, cpu._tile_vector = _register_tile_before, _tile_vector_before
+        cpu._register_tile = functools.partial(cpu._register_tile, tall=False)  # at most 2 vectors x 4+ rows
+        cpu._tile_vector = _tile_vector_before
     try:
         yield
     finally:

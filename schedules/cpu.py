@@ -199,7 +199,7 @@ def _vector_tile(n: int, lanes: int) -> int:
     return _divisor_at_most(n, lanes)
 
 
-def _register_tile(C: int, W: int, lanes: int, registers: int) -> tuple[int, int]:
+def _register_tile(C: int, W: int, lanes: int, registers: int, tall: bool | None = None) -> tuple[int, int]:
     """(vector-axis tile, row tile) of the register-blocked micro-kernel.
 
     Enough independent accumulators (rows x vectors) hide the FMA latency; their count stays
@@ -219,8 +219,8 @@ def _register_tile(C: int, W: int, lanes: int, registers: int) -> tuple[int, int
     # faster on all 9 corpus models probed (calls-weighted: ResNet-50 0.93x, BERT 0.95x,
     # SqueezeNet 0.79x, MobileNet-v2 0.60x with the vector fix of _tile_vector; 3 kernels 6-15%
     # slower; `python bench/defaults_ab.py --change tiles`). NEON, whose 32 registers would allow
-    # them too, keeps the limit until measured on a board.
-    tall = lanes >= 16
+    # them too, keeps the limit until measured on a board. (``tall``: that choice, made by hand.)
+    tall = lanes >= 16 if tall is None else tall
     best = None
     for rows in (d for d in range(1, min(W, 14) + 1) if W % d == 0):
         for m in (d for d in range(1, min(nvec, 4) + 1) if nvec % d == 0):
@@ -442,6 +442,31 @@ def winograd(sch, tvm_target, params: CPUParams):
 
 
 # --------------------------------------------------------------------------- rule 1
+def _plain_reduction(sch, red):
+    """(block, number of spatial iters, loop extents, spatial vars) of a reduction block that
+    ``tile_reduction`` and ``depthwise`` can tile: one output, its loops its spatial iters then its
+    reduction iters, constant extents, and a plain store (the output indexed by the spatial vars
+    in order); None for any other."""
+    blk = sch.get(red)
+    if len(blk.writes) != 1:
+        return None
+    kinds = [int(iv.iter_type) for iv in blk.iter_vars]
+    n_sp = sum(1 for k in kinds if k == 0)
+    if kinds != [0] * n_sp + [2] * (len(kinds) - n_sp) or n_sp < 1:
+        return None
+    loops = sch.get_loops(red)
+    if len(loops) != len(kinds):
+        return None
+    extents = [_const(sch.get(lp).extent) for lp in loops]
+    if any(e is None for e in extents):
+        return None
+    out_region = blk.writes[0].region
+    sp_vars = [iv.var for iv in blk.iter_vars[:n_sp]]
+    if len(out_region) != n_sp or any(not r.min.same_as(v) for r, v in zip(out_region, sp_vars)):
+        return None
+    return blk, n_sp, extents, sp_vars
+
+
 def tile_reduction(sch, tvm_target, params: CPUParams):
     """Register-blocked reduction: conv2d NHWC / depthwise, matmul, pooling."""
 
@@ -459,24 +484,10 @@ def tile_reduction(sch, tvm_target, params: CPUParams):
     # a "padding" that pads nothing (a 1x1's) is a plain copy and is inlined (see _pads_nothing:
     # MobileNetV2 untuned 0.92-0.96x, ResNet-50 0.98x in-process A/B on a Zen 3).
     pads = _inline_producers(sch, red, keep_padding=not _is_depthwise(sch, red))
-    blk = sch.get(red)
-    if len(blk.writes) != 1:
+    nest = _plain_reduction(sch, red)
+    if nest is None:
         return None
-    kinds = [int(iv.iter_type) for iv in blk.iter_vars]
-    n_sp = sum(1 for k in kinds if k == 0)
-    if kinds != [0] * n_sp + [2] * (len(kinds) - n_sp) or n_sp < 1:
-        return None
-    loops = sch.get_loops(red)
-    if len(loops) != len(kinds):
-        return None
-    extents = [_const(sch.get(lp).extent) for lp in loops]
-    if any(e is None for e in extents):
-        return None
-    # The output must be indexed by the spatial vars in order (a plain store).
-    out_region = blk.writes[0].region
-    sp_vars = [iv.var for iv in blk.iter_vars[:n_sp]]
-    if len(out_region) != n_sp or any(not (r.min.same_as(v)) for r, v in zip(out_region, sp_vars)):
-        return None
+    blk, n_sp, extents, sp_vars = nest
     # Pick the vectorized axis: the innermost spatial axis of extent > 1.
     c_idx = max((i for i in range(n_sp) if extents[i] > 1), default=None)
     if c_idx is None:
@@ -589,23 +600,10 @@ def depthwise(sch, tvm_target, params: CPUParams):
     if len(reds) != 1 or not _is_depthwise(sch, reds[0]):
         return None
     red = reds[0]
-    blk = sch.get(red)
-    if len(blk.writes) != 1:
+    nest = _plain_reduction(sch, red)
+    if nest is None or nest[1] < 2:
         return None
-    kinds = [int(iv.iter_type) for iv in blk.iter_vars]
-    n_sp = sum(1 for k in kinds if k == 0)
-    if kinds != [0] * n_sp + [2] * (len(kinds) - n_sp) or n_sp < 2:
-        return None
-    loops = sch.get_loops(red)
-    if len(loops) != len(kinds):
-        return None
-    extents = [_const(sch.get(lp).extent) for lp in loops]
-    if any(e is None for e in extents):
-        return None
-    out_region = blk.writes[0].region
-    sp_vars = [iv.var for iv in blk.iter_vars[:n_sp]]
-    if len(out_region) != n_sp or any(not r.min.same_as(v) for r, v in zip(out_region, sp_vars)):
-        return None
+    blk, n_sp, extents, sp_vars = nest
     c_idx = n_sp - 1  # channels last and vectorized: the padded input and the weights run along them
     if extents[c_idx] <= 1 or not _contiguous_or_absent(blk, sp_vars[c_idx]):
         return None  # a channel multiplier > 1 (grouped): tile_reduction's group path
