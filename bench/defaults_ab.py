@@ -145,7 +145,7 @@ def main() -> int:
     entries = {e["name"]: e for e in benchmark.load_manifest()["models"]}
     unknown = [m for m in names if m not in entries]
     if unknown:
-        raise SystemExit(f"not in the corpus (bench/corpus.json): {', '.join(unknown)}; one of {', '.join(entries)}")
+        ap.error(f"not in the corpus (bench/corpus.json): {', '.join(unknown)}; one of {', '.join(entries)}")
     jobs, kernels, paths = [], [], {}
     for model in names:
         paths[model] = benchmark.materialize(entries[model], args.cache)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from pathlib import Path
 
 
 def main() -> int:
@@ -29,6 +30,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     opts = ap.parse_args()
     model, logs = opts.model, opts.logs
+    missing = [p for p in [model, *logs] if not Path(p).is_file()]
+    if missing:
+        ap.error(f"no such file: {', '.join(missing)}")
     tgt = targets.load(opts.target)
     mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(model).mod, tgt), tgt)
     tasks = pipeline.tasks(mod)
@@ -60,4 +64,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from deploytool.errors import DeploytoolError
+
+    try:
+        raise SystemExit(main())
+    except DeploytoolError as e:  # a log of another target, an unreadable model: one line
+        raise SystemExit(f"retime.py: {e}")

@@ -548,10 +548,12 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                     seen.add(h)
                     fresh.append(j)
             fresh = fresh[: max(0, min(budget_left - done_new, st.cap - st.trials))]
-            if st.rounds == 0 and opts.first_round:
-                picks = first_picks([tile_signature(cands[j].sch) for j in fresh] if opts.first_round_spread
-                                    else [()] * len(fresh), opts.first_round, opts.first_round_spread)
+            if st.rounds == 0 and opts.first_round and opts.first_round_spread:
+                picks = first_picks([tile_signature(cands[j].sch) for j in fresh], opts.first_round,
+                                    opts.first_round_spread)
                 fresh = [fresh[i] for i in picks]
+            elif st.rounds == 0 and opts.first_round:
+                fresh = fresh[: opts.first_round]
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
             got = dict(zip(fresh, outs))
             wl = db(st).commit_workload(wmods[st.workload])

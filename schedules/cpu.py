@@ -645,8 +645,8 @@ def depthwise(sch, tvm_target, params: CPUParams):
         keep.append(epilogue)
     if len(sch.get_child_blocks(root)) > len(keep):
         _epilogue_at(sch, root, keep, cc, params)
-    init = sch.decompose_reduction(red, r_loops[0]) if r_loops else None
-    if init is not None:
+    if r_loops:
+        init = sch.decompose_reduction(red, r_loops[0])
         _vectorize_inner(sch, sch.get_loops(init)[-1], lanes)
     return sch
 
