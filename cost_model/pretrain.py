@@ -10,6 +10,8 @@ within each workload, so what transfers is the ranking inside a kernel, not abso
                                                      [--exclude MODEL]            # leave one model out
     python -m deploytool.cost_model.pretrain eval MODEL.json DATA.npz --only MODEL # held-out ranking
                                                      [--per-kernel]               # ... kernel by kernel
+    python -m deploytool.cost_model.pretrain schedules LOG.jsonl ... -o FAMILY.schedules.json.gz
+                                                     [--exclude MODEL]            # the schedule library
     python -m deploytool.cost_model.pretrain train-metaschedule LOG.jsonl ... -o MS.tar [--exclude MODEL]
                                                      # the baseline: MetaSchedule's XGBModel, same records
 
@@ -73,6 +75,12 @@ def pretrained_path(target, nearest: bool = False, directory: Path = PRETRAINED_
         if f and p.is_file():
             return p
     return None
+
+
+def library_path(target, directory: Path = PRETRAINED_DIR) -> Path | None:
+    """The family's shipped schedule library (``<family>.schedules.json.gz``), or None."""
+    p = Path(directory) / f"{family_of(target)}.schedules.json.gz"
+    return p if p.is_file() else None
 
 
 def resolve(choice: str, target, nearest: bool = False) -> Path | None:
@@ -233,6 +241,39 @@ def fit_metaschedule(log_paths, exclude=(), seed: int = 0, nthread: int | None =
     return m
 
 
+def build_library(log_paths, exclude=(), top: int = 4):
+    """A schedule library (``schedules.transfer``) of the logs' kernels, less the excluded models:
+    each kernel's ``top`` best traces as its logging machine ranks them (the tuner's
+    ``leading_records``: settle winners, not the luckiest search timings; several machines'
+    rankings interleaved), default schedules left out (a kernel's own default is measured anyway).
+    The logs must be of one target family, as a dataset's."""
+    from deploytool import targets
+    from deploytool.schedules.transfer import ScheduleLibrary
+    from deploytool.tuner import leading_records
+    from deploytool.tuninglog import TuningLog
+
+    lib = None
+    for p in log_paths:
+        tlog = TuningLog.read(p)
+        model = _model_name(Path(p), tlog.header)
+        family = family_of(targets.load(tlog.target_name))
+        if lib is None:
+            lib = ScheduleLibrary(family=family, excluded=sorted(set(exclude)))
+        elif family != lib.family:
+            raise ValueError(f"{p} is a {family} log; the library is {lib.family} (one target family a library)")
+        if model in set(exclude):
+            continue
+        for w, recs in tlog.by_workload().items():
+            wl = tlog.workloads.get(w)
+            best = leading_records(tlog, recs, None)
+            best = [r for r in best if r.source != "default"][:top]
+            if wl is not None and best:
+                lib.add(model, w, wl.name, [r.trace for r in best], [r.seconds for r in best], top=top)
+    if lib is None or not len(lib):
+        raise ValueError("no kernel with search records in these logs")
+    return lib
+
+
 def evaluate(model, data: dict, only=(), k: int = 10, per_kernel: bool = False) -> dict:
     """Ranking quality on ``data`` (restricted to ``only`` models): pairwise accuracy over all
     workloads, mean top-k recall, and the mean normalized throughput of the model's top-1 pick
@@ -292,6 +333,12 @@ def main(argv=None) -> int:
     a.add_argument("-o", "--output", required=True)
     a.add_argument("--exclude", action="append", default=[], help="leave this model's logs out (repeatable)")
     a.add_argument("--seed", type=int, default=0)
+    a = sub.add_parser("schedules", help="build a schedule library (each kernel's best traces) from tuning logs: "
+                       "tune adapts them to kernels like theirs (--schedule-library)")
+    a.add_argument("logs", nargs="+")
+    a.add_argument("-o", "--output", required=True, help="FILE.schedules.json.gz")
+    a.add_argument("--exclude", action="append", default=[], help="leave this model's logs out (repeatable)")
+    a.add_argument("--top", type=int, default=4, help="best traces kept per kernel (default: 4)")
     a = sub.add_parser("eval", help="ranking quality of a model on (held-out) dataset rows")
     a.add_argument("model")
     a.add_argument("data")
@@ -324,6 +371,11 @@ def _run(args) -> int:
             meta["also"] = [{k: v for k, v in describe(d, args.exclude).items() if k != "records"} for d in also]
         meta_path.write_text(json.dumps(meta, indent=1) + "\n")
         print(f"wrote {args.output}: {m.trained_on} records, {len(m.groups)} kernels ({data['family']})")
+    elif args.cmd == "schedules":
+        lib = build_library(args.logs, exclude=args.exclude, top=args.top)
+        lib.save(args.output)
+        print(f"wrote {args.output}: {len(lib)} kernels' best traces in {len(lib.donors)} signatures, "
+              f"models {', '.join(sorted(lib.models))} ({lib.family})")
     elif args.cmd == "train-metaschedule":
         m = fit_metaschedule(args.logs, exclude=args.exclude, seed=args.seed)
         m.save(args.output)

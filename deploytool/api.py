@@ -545,8 +545,8 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
          device=None, dtype: str = "float32", cost_model: str = "pretrained", retime_from=None, retime_top: int = 8,
          split_k: bool = True, winograd: bool | str = False, cublas: bool = False, cudnn: bool = False,
          first_round: int | None = None, first_round_spread: int = 0, settle: int | None = None,
-         kernels: str | None = None, threads: int | None = None,
-         on_progress=None, progress: Progress = _noop):
+         kernels: str | None = None, threads: int | None = None, schedule_library: str | None = None,
+         transfer_top: int = 2, on_progress=None, progress: Progress = _noop):
     """Tune every kernel of ``model`` for ``target``; records go to the tuning log ``output``
     (appended and flushed as they arrive). Rerunning the same command resumes.
     Budgets: ``trials`` is the total over all kernels (without ``trials_per_task``, one kernel may
@@ -606,6 +606,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
     _require(settle is None or settle >= 0, "--settle", settle, "0 (no settle) or a number of rounds")
     _require(first_round is None or first_round >= 1, "--first-round", first_round, "a number of candidates >= 1")
     _require(first_round_spread >= 0, "first_round_spread", first_round_spread, "a number of tile decisions >= 0")
+    _require(transfer_top >= 0, "--transfer-top", transfer_top, "0 (none) or a number of candidates per kernel")
     _check_threads(threads)
     if retime_from is not None and not Path(retime_from).is_file():
         raise InputError(f"--retime-from: no tuning log at {retime_from}", "pass an existing .jsonl or .jsonl.gz log")
@@ -651,6 +652,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
         # than measuring its candidates (microseconds each, built in parallel), so a round of 4
         # instead of 32 made ResNet-50 b32 float16 tune at ~10 s a trial on the H200 machine
         first_round = FIRST_ROUND_PRETRAINED
+    library = _schedule_library(schedule_library, tgt)
     output = Path(output) if output is not None else Path(default_log_name(model, target))
     from deploytool.tuninglog import require_appendable
 
@@ -682,7 +684,9 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                  + (f"MetaSchedule's XGBModel, pretrained ({ms_file.name})" if ms_file else
                     "MetaSchedule's XGBModel, learned from scratch" if ranker == "metaschedule" else
                     f"{cm_file.name} (pretrained{_other_family(cm_file, tgt)}, fine-tuned as it goes)" if cm_file
-                    else "learned from scratch"))
+                    else "learned from scratch")
+                 + (f"; schedules of {len(library)} kernels of {len(library.models)} other models to adapt"
+                    if library is not None and transfer_top else ""))
         opts = TuneOptions(trials=trials, trials_per_task=trials_per_task, more=more, batch=batch,
                            early_stop=early_stop,
                            seed=seed, workers=workers, device=spec, progress=progress,
@@ -692,6 +696,7 @@ def tune(model: str | Path, *, target: str = "x86", output: str | Path | None = 
                            retime_top=retime_top,
                            first_round=first_round, first_round_spread=first_round_spread,
                            settle=settle, settle_only=frozenset(t.name for t in partners),
+                           schedule_library=library, transfer_top=transfer_top,
                            **({"objective": objective} if objective else {}))
         return _tune(mod, task_list, tgt, output, opts, on_progress=on_progress,
                      model={"file": Path(model).name, "sha256": imported.info.sha256, "dtype": dtype,
@@ -745,6 +750,31 @@ def _cost_model_file(choice: str, tgt, nearest: bool = False):
                          "next to it)",
                          "pass none, pretrained, or a file written by `python -m deploytool.cost_model.pretrain "
                          "train`") from None
+
+
+def _schedule_library(choice: str | None, tgt):
+    """The schedule library ``--schedule-library`` names (None: none): "pretrained" is the target
+    family's in cost_model/pretrained (none if it has none), else a file from
+    ``python -m deploytool.cost_model.pretrain schedules``."""
+    from deploytool.cost_model import pretrain
+    from deploytool.schedules.transfer import ScheduleLibrary
+
+    if choice in (None, "", "none"):
+        return None
+    path = pretrain.library_path(tgt) if choice == "pretrained" else Path(choice)
+    if path is None:
+        return None
+    try:
+        lib = ScheduleLibrary.load(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise InputError(f"--schedule-library '{choice}' is not a schedule library ({str(e).splitlines()[0] if str(e) else type(e).__name__})",
+                         "pass none, pretrained, or a file written by `python -m deploytool.cost_model.pretrain "
+                         "schedules LOG...`") from None
+    mine = pretrain.family_of(tgt)
+    if lib.family not in (mine, pretrain.NEAREST_FAMILY.get(mine)):  # x86-avx2 adapts x86-avx512 schedules
+        raise InputError(f"--schedule-library '{choice}' holds {lib.family} schedules; {tgt.name} is {mine}",
+                         f"build one from {mine} logs with `python -m deploytool.cost_model.pretrain schedules`")
+    return lib
 
 
 # ----------------------------------------------------------------------------- logs

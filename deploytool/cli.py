@@ -287,8 +287,8 @@ def cmd_tune(args) -> int:
                  retime_from=args.retime_from, retime_top=args.retime_top, split_k=args.split_k,
                  winograd=args.winograd, cublas=args.cublas, cudnn=args.cudnn, first_round=args.first_round,
                  settle=args.settle,
-                 kernels=args.kernels, threads=args.threads,
-                 on_progress=_TuneView(args.quiet), progress=prog)
+                 kernels=args.kernels, threads=args.threads, schedule_library=args.schedule_library,
+                 transfer_top=args.transfer_top, on_progress=_TuneView(args.quiet), progress=prog)
     if args.json:
         print(json.dumps(r.to_dict(), indent=1))
     else:
@@ -586,6 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "model file from `python -m deploytool.cost_model.pretrain train`; metaschedule: "
                         "MetaSchedule's own XGBModel from scratch, the baseline for comparisons; metaschedule:FILE: "
                         "that model pretrained (`python -m deploytool.cost_model.pretrain train-metaschedule`)")
+    s.add_argument("--schedule-library", default="none", metavar="none|pretrained|FILE",
+                   help="other models' best schedules to adapt to this model's kernels of the same program: each "
+                        "kernel's first round also measures its nearest donors' (--transfer-top); pretrained: the "
+                        "target family's in cost_model/pretrained, FILE: from `python -m "
+                        "deploytool.cost_model.pretrain schedules LOG...` (default: none)")
+    s.add_argument("--transfer-top", type=int, default=2, metavar="K",
+                   help="adapted donor schedules measured per kernel (default: 2)")
     s.add_argument("--plot", metavar="PNG", help="also draw the tuning curves")
     dtype_arg(s)
     device_args(s, "measure on a board (needed for cross targets such as arm)")

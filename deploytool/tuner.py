@@ -63,6 +63,10 @@ class TuneOptions:
     first_round: int | None = None
     # ... spread over tilings: picks differ in at least this many tile decisions (0: the top ones)
     first_round_spread: int = 0
+    # a schedules.transfer.ScheduleLibrary: each task's first round also measures up to
+    # ``transfer_top`` of its donors' best traces, adapted to it (source "transfer"); None: none
+    schedule_library: Any = None
+    transfer_top: int = 2
     # rounds of the settle at the end (None: SETTLE_ROUNDS when measuring here, 0 on boards over RPC;
     # 0: none)
     settle: int | None = None
@@ -430,8 +434,12 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
         # kernel (two such spaces) took 138 s of search to find its one new candidate.
         fixed: dict[str, list] = {}
 
+        transfers: dict[str, list] = {}  # workload -> adapted donor candidates for its first round
+
         def start_search(ctx, st: TaskState) -> None:
             spaces = ctx.generate_design_space()
+            if opts.schedule_library is not None and st.workload not in transfers:
+                transfers[st.workload] = _transferred(ctx, spaces, opts.schedule_library, opts.transfer_top)
             if all(len(sp.trace.decisions) == 0 for sp in spaces):
                 fixed[st.workload] = _postprocessed(ctx, spaces)
                 return
@@ -554,13 +562,26 @@ def tune(partitioned_mod, task_list, target, log_path: str | Path, options: Tune
                 fresh = [fresh[i] for i in picks]
             elif st.rounds == 0 and opts.first_round:
                 fresh = fresh[: opts.first_round]
+            donated = set()  # positions in cands of adapted donor schedules (first round only)
+            if st.rounds == 0 and transfers.get(st.workload) and whole is None:
+                cands = list(cands)
+                for c in transfers[st.workload]:
+                    h = kernel_hash(c.sch.mod)
+                    if h not in measured and h not in seen and len(fresh) < min(budget_left - done_new,
+                                                                                st.cap - st.trials):
+                        seen.add(h)
+                        cands.append(c)
+                        hashes.append(h)
+                        fresh.append(len(cands) - 1)
+                        donated.add(len(cands) - 1)
             outs = measurer.measure([cands[j].sch.mod for j in fresh], [st.args] * len(fresh)) if fresh else []
             got = dict(zip(fresh, outs))
             wl = db(st).commit_workload(wmods[st.workload])
             used, results, new = [], [], []  # new: positions in `used` measured this round
             for j, c in enumerate(cands):
                 if j in got:
-                    r = record(st, hashes[j], to_py(c.sch.trace.as_json(remove_postproc=False)), got[j], "search")
+                    r = record(st, hashes[j], to_py(c.sch.trace.as_json(remove_postproc=False)), got[j],
+                               TRANSFER if j in donated else "search")
                     st.trials += 1
                     st.new_trials += 1
                     st.since_gain += 1
@@ -808,6 +829,38 @@ def _pick(active: list[TaskState]) -> TaskState:
     return best
 
 
+TRANSFER = "transfer"  # the source of records of adapted donor schedules (schedules.transfer)
+
+
+def _transferred(ctx, spaces, library, k: int) -> list:
+    """Up to ``k`` measure candidates of the task: its donors' best traces in ``library``, adapted
+    to it (schedules.transfer), replayed and post-processed as the search's own candidates."""
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    if k <= 0:
+        return []
+    traces = library.traces_for([to_py(sp.trace.as_json()) for sp in spaces], 2 * k)
+    args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
+    out, seen = [], set()
+    for tr in traces:
+        try:
+            sch = s_tir.Schedule(ctx.mod)
+            s_tir.Trace.apply_json_to_schedule(tr, sch)
+            sch.enter_postproc()
+            if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
+                continue
+        except Exception:  # a decision the kernel cannot take after all (e.g. a compute location)
+            continue
+        h = kernel_hash(sch.mod)
+        if h not in seen:
+            seen.add(h)
+            out.append(ms.MeasureCandidate(sch, args_info))
+        if len(out) >= k:
+            break
+    return out
+
+
 def _postprocessed(ctx, spaces) -> list:
     """Design spaces without decisions as measure candidates, post-processed as the search would."""
     from tvm.s_tir import meta_schedule as ms
@@ -822,7 +875,7 @@ def _postprocessed(ctx, spaces) -> list:
     return out
 
 
-def _leading(src: TuningLog, recs: list[Record], default: str | None) -> list[Record]:
+def leading_records(src: TuningLog, recs: list[Record], default: str | None) -> list[Record]:
     """A kernel's records in ``src`` (another log, or other machines' and boots' records), best first
     as each machine's own pick ranks them (tuninglog.settled over comparable: a settled kernel's
     settle winners, not the luckiest search timings), one per candidate, the default schedule's
@@ -854,7 +907,7 @@ def _retime(src: TuningLog, top: int, states: list[TaskState], wmods, defaults, 
     by_wl = src.by_workload()
     jobs, queued = [], set()
     for st in states:
-        ok = _leading(src, by_wl.get(st.workload, []), defaults.get(st.workload))
+        ok = leading_records(src, by_wl.get(st.workload, []), defaults.get(st.workload))
         for r in ok[:max(0, top - st.trials)]:
             try:
                 sch = replay_trace(wmods[st.workload], r.trace)
