@@ -5,7 +5,7 @@
     {"type": "workload", "hash": "<structural hash>", "name": "fused_conv2d_add_relu", "flops": 1.2e8,
      "args": [[[1, 56, 56, 64], "float32"], ...], "ir": "<TVM JSON of the unscheduled kernel>"}
     {"type": "record", "workload": "<hash>", "target_key": "...", "candidate": "<hash of the scheduled kernel>",
-     "source": "default" | "search" | "settle", "trace": [...], "latency_s": [..] | null, "error": null | "...", "time": 1.7e9}
+     "source": "default" | "search" | "transfer" | "settle", "trace": [...], "latency_s": [..] | null, "error": null | "...", "time": 1.7e9}
 
 * Each workload is stored once; records point to it by hash, so one log can serve every model
   that shares the kernel on the same target.
@@ -32,6 +32,9 @@ before 2026-12-01, or --no-cache-flush), whose machine ``device_of`` names with 
 
 One machine, several boots: records carry the measuring host's boot id (``"boot"``), and latencies
 of different boots compare through the candidates measured in both (see ``comparable``).
+
+Records of ``"source": "transfer"`` are search trials too: another model's best schedule adapted to
+this kernel (``schedules.transfer``, ``tune --schedule-library``).
 
 Settled records (``"source": "settle"``): at the end of a run, ``tune`` times each kernel's default
 and best few candidates again, in interleaved rounds, and logs them with one shared ``time``. On
