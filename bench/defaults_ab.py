@@ -1,4 +1,4 @@
-"""A/B of a change to the default CPU schedules: python bench/defaults_ab.py --change depthwise|tiles|both
+"""A/B of a change to the default CPU schedules: python bench/defaults_ab.py --change depthwise|tiles|both|rowred
                                          [--models a,b] [--target x86-avx512] [--rounds 5] [--e2e]
 
 The changes (2026-12-07, schedules/cpu.py):
@@ -9,6 +9,8 @@ The changes (2026-12-07, schedules/cpu.py):
   its vectorized loop (``_tile_vector``: never a non-native vector such as 24 lanes). "before"
   uses ``_register_tile`` with ``tall=False`` (as it was) and the earlier ``_tile_vector``, kept below.
 * ``both``: the two together, "before" as the defaults were at the start of 2026-12-07.
+* ``rowred`` (later that day): ``row_reduction``'s reductions (layer norm, softmax) into one
+  vector of partial results (``_rfactor_lanes``); "before" reduces with a scalar.
 
 Every kernel of each model whose default schedule the change alters is built both ways (weights
 laid out as in a compiled model) and timed cold as tuning times candidates
@@ -33,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {"depthwise": "mobilenet_v2,mobilenet_v1,shufflenet",
           "tiles": "mobilenet_v2,shufflenet,squeezenet,resnet50,bert_encoder",
-          "both": "mobilenet_v2,mobilenet_v1,shufflenet"}
+          "both": "mobilenet_v2,mobilenet_v1,shufflenet",
+          "rowred": "bert_encoder,small_encoder"}
 
 
 def _tile_vector_before(ci: int, lanes: int) -> int:
@@ -46,16 +49,18 @@ def before(change: str):
     """The default schedules as they were before ``change``."""
     from deploytool.schedules import cpu
 
-    saved = cpu.RULES, cpu._register_tile, cpu._tile_vector
+    saved = cpu.RULES, cpu._register_tile, cpu._tile_vector, cpu._rfactor_lanes
     if change in ("depthwise", "both"):
         cpu.RULES = tuple(r for r in cpu.RULES if r is not cpu.depthwise)
     if change in ("tiles", "both"):
         cpu._register_tile = functools.partial(cpu._register_tile, tall=False)  # at most 2 vectors x 4+ rows
         cpu._tile_vector = _tile_vector_before
+    if change == "rowred":
+        cpu._rfactor_lanes = lambda sch, block, lanes: None
     try:
         yield
     finally:
-        cpu.RULES, cpu._register_tile, cpu._tile_vector = saved
+        cpu.RULES, cpu._register_tile, cpu._tile_vector, cpu._rfactor_lanes = saved
 
 
 def changed_kernels(path: Path, tgt, change: str):
@@ -125,7 +130,9 @@ WHAT = {"depthwise": "the `depthwise` rule for depthwise convolutions (before: `
         "tiles": "`tile_reduction`'s AVX-512 register tiles of 3-4 vectors x 4+ rows, and no non-native vector "
                  "(before: at most 2 vectors a row with 4+ rows; a 24-channel tile one 24-lane vector).",
         "both": "the `depthwise` rule and `tile_reduction`'s new tiles together (before: the default schedules "
-                "at the start of 2026-12-07)."}
+                "at the start of 2026-12-07).",
+        "rowred": "`row_reduction`'s reductions (layer norm, softmax) into a vector of partial results "
+                  "(rfactor; before: one scalar accumulator)."}
 
 
 def main() -> int:

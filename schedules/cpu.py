@@ -838,11 +838,48 @@ def _vectorize_inner(sch, loop, max_lanes: int) -> None:
     sch.vectorize(loop)
 
 
+def _rfactor_lanes(sch, block, lanes: int):
+    """A reduction (a sum, a max) over a trailing axis of n x ``lanes`` elements, rfactored into
+    ``lanes`` partial results (the rfactor block; None where a primitive refuses): vectorized
+    once at its row (``_vectorize_lanes``), one vector add or max a step instead of a scalar
+    accumulator, the lanes combined at the end."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    red = [iv for iv in sch.get(block).iter_vars if int(iv.iter_type) == 2]
+    loops = sch.get_loops(block)
+    ext = _const(red[0].dom.extent) if len(red) == 1 else None
+    if ext is None or ext % lanes or ext < 2 * lanes or _const(sch.get(loops[-1]).extent) != ext:
+        return None
+    try:
+        _, inner = sch.split(loops[-1], factors=[None, lanes])
+        return sch.rfactor(inner, factor_axis=0)
+    except ScheduleError:
+        return None
+
+
+def _vectorize_lanes(sch, rf, lanes: int) -> None:
+    """The rfactor block's loop over its partial results innermost, vectorized (its reduction loop
+    outside it); left as it is where a primitive refuses."""
+    from tvm.s_tir.schedule import ScheduleError
+
+    inner = [lp for lp in sch.get_loops(rf)[1:] if _const(sch.get(lp).extent) != 1]
+    for lane in reversed([lp for lp in inner if _const(sch.get(lp).extent) == lanes]):
+        try:
+            sch.reorder(*[lp for lp in inner if not sch.get(lp).same_as(sch.get(lane))], lane)
+            sch.vectorize(lane)
+            return
+        except ScheduleError:
+            continue
+
+
 # --------------------------------------------------------------------------- rule 2
 def row_reduction(sch, tvm_target, params: CPUParams):
     """Kernels that reduce the trailing axes of rows (softmax, layer/group norm, means): every
     block is computed once per row at the row loop, rows run in parallel, elementwise parts
-    are vectorized. (dlight's CPU Reduction rule recomputes the reductions once per output
+    are vectorized, and a reduction over whole vectors accumulates a vector of partial results
+    (``_rfactor_lanes``: BERT-base's softmax 3.8x and layer norm 2.4x faster than with a scalar
+    accumulator, the layer norm within 11% of its 2,000-trial tuned best; Xeon model 207,
+    bench/results/defaults-rowred-x86-avx512.md). (dlight's CPU Reduction rule recomputes the reductions once per output
     element: quadratic on a 1000-way softmax.)"""
 
     root = sch.get_sblock("root")
@@ -869,11 +906,16 @@ def row_reduction(sch, tvm_target, params: CPUParams):
     out_loops = sch.get_loops(out)
     if not k or k >= len(out_loops) or len(out_loops) != len(out_vars):
         return None
+    rfs = [rf for rf in (_rfactor_lanes(sch, b, params.vector_lanes) for b in reds) if rf is not None]
+    blocks = sch.get_child_blocks(root)
+    out_loops = sch.get_loops(out)
     row = sch.fuse(*out_loops[:k]) if k > 1 else out_loops[0]
     for b in reversed([b for b in blocks if not sch.get(b).same_as(out_blk)]):
         sch.compute_at(b, row, preserve_unit_loops=True)
     if (_const(sch.get(row).extent) or 1) > 1:
         sch.parallel(row)
+    for rf in rfs:
+        _vectorize_lanes(sch, rf, params.vector_lanes)
     for b in sch.get_child_blocks(root):
         if _is_spatial_block(sch, b):
             loops = sch.get_loops(b)

@@ -392,6 +392,34 @@ def test_depthwise_convolutions_get_their_rule_and_match_onnxruntime(tmp_path):
     assert deploytool.run(res.artifact.path, check=src).ok
 
 
+@pytest.mark.models
+def test_row_reductions_accumulate_in_a_vector_and_match_onnxruntime(tmp_path):
+    """Layer norm over 96 and softmax over 64 (whole vectors: rfactor into a vector of partial
+    sums or maxima) and softmax over 40 (not: a scalar accumulator), in one encoder layer; the
+    numbers match onnxruntime's."""
+    import re
+
+    from deploytool import frontend, pipeline, targets
+    from deploytool.schedules import space
+
+    tgt = targets.load("x86-avx512")
+    lanes = 16
+    for seq, vectorized in ((64, True), (40, False)):
+        src = tmp_path / f"enc{seq}.onnx"
+        onnx.save(zoo.bert_encoder(seq=seq, hidden=96, heads=2, layers=1, ffn=128, vocab=50), src)
+        mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(src).mod, tgt), tgt)
+        rf = {}
+        for t in pipeline.tasks(mod):
+            if t.name in ("layer_norm", "fast_softmax"):
+                sch = space.default_candidate(tgt, space.tuning_module(mod[t.name], tgt))
+                text = sch.mod.script()
+                rf[t.name] = "_rf" in text and re.search(rf"T\.vectorized\((T\.int64\()?{lanes}\)", text) is not None
+        assert rf == {"layer_norm": True, "fast_softmax": vectorized}, (seq, rf)
+        res = deploytool.compile(src, output=tmp_path / f"enc{seq}.so")
+        assert res.schedules["layer_norm"] == "row_reduction"
+        assert deploytool.run(res.artifact.path, check=src).ok
+
+
 def test_clips_fuse_into_the_convolutions_and_pass_nan_through(tmp_path):
     """Conv -> Clip(0, 6) -> depthwise Conv -> Clip -> HardSwish -> Conv, MobileNet's shapes: each
     Clip (where ops once imported, and TVM's layout conversion has no rule for where or clip) and
