@@ -426,6 +426,8 @@ PRETRAIN_SECTIONS = [
     ("pretrain-mobilenet-m167-defaults.md", "### MobileNetV2 held out again, with the 2026-12-07 default schedules "
      "(the depthwise rule, AVX-512's taller tiles) on both sides: `deploytool tune --trials 400` and "
      "`python bench/heldout.py`"),
+    ("retime-bert-m207-library.md", "### BERT held out on a Xeon model 207, with and without the schedule library, "
+     "every run's picks re-timed side by side: `python bench/retime_curve.py`"),
     ("pretrain-small-encoder-m167.md", "### The MiniLM-sized encoder held out, against a 2,000-trial run from "
      "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
     ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
