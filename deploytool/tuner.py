@@ -30,7 +30,7 @@ from typing import Any, Callable
 from deploytool.interrupts import Deferred
 from deploytool.measure import LocalMeasurer, MeasureSettings, Outcome, RPCMeasurer, _one_line
 from deploytool.schedules.space import kernel_hash, replay_trace, tensor_intrinsics, tuning_module
-from deploytool.tuninglog import (SETTLE, LogWriter, Record, TuningLog, TuningLogError, Workload, comparable,
+from deploytool.tuninglog import (SETTLE, TRANSFER, LogWriter, Record, TuningLog, TuningLogError, Workload, comparable,
                                   device_name, make_header, settled, this_boot, timed_name, to_py)
 
 log = logging.getLogger(__name__)
@@ -827,9 +827,6 @@ def _pick(active: list[TaskState]) -> TaskState:
         if best_g is None or g < best_g:
             best, best_g = st, g
     return best
-
-
-TRANSFER = "transfer"  # the source of records of adapted donor schedules (schedules.transfer)
 
 
 def _transferred(ctx, spaces, library, k: int) -> list:

@@ -64,6 +64,7 @@ log = logging.getLogger(__name__)
 FORMAT = "deploytool-tuning-log"
 VERSION = 1
 SETTLE = "settle"  # the source of records timed in a settle (see the module's docstring)
+TRANSFER = "transfer"  # the source of records of another model's schedule adapted (schedules.transfer)
 
 
 class TuningLogError(DeploytoolError):
