@@ -907,8 +907,7 @@ def row_reduction(sch, tvm_target, params: CPUParams):
     if not k or k >= len(out_loops) or len(out_loops) != len(out_vars):
         return None
     rfs = [rf for rf in (_rfactor_lanes(sch, b, params.vector_lanes) for b in reds) if rf is not None]
-    blocks = sch.get_child_blocks(root)
-    out_loops = sch.get_loops(out)
+    blocks = sch.get_child_blocks(root)  # the rfactor blocks too
     row = sch.fuse(*out_loops[:k]) if k > 1 else out_loops[0]
     for b in reversed([b for b in blocks if not sch.get(b).same_as(out_blk)]):
         sch.compute_at(b, row, preserve_unit_loops=True)

@@ -36,6 +36,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploytool.schedules.cpu import _divisor_at_most
+
 FORMAT = "deploytool-schedule-library"
 VERSION = 1
 TILE = "SamplePerfectTile"
@@ -91,10 +93,6 @@ def extents(insts, decisions) -> list[int]:
     their ``decision_keys``."""
     keys = decision_keys(insts, decisions)
     return [math.prod(d) for k, d in sorted((keys[i], d) for i, d in decisions if insts[i][0] == TILE)]
-
-
-def _divisor_at_most(n: int, f: int) -> int:
-    return next(d for d in range(min(f, n), 0, -1) if n % d == 0)
 
 
 def adapt_tile(factors: list[int], extent: int) -> list[int]:
