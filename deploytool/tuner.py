@@ -844,15 +844,15 @@ def _transferred(ctx, spaces, library, k: int) -> list:
         try:
             sch = s_tir.Schedule(ctx.mod)
             s_tir.Trace.apply_json_to_schedule(tr, sch)
-            sch.enter_postproc()
-            if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
-                continue
+            cand = _candidate(ctx, sch, args_info)
         except Exception:  # a decision the kernel cannot take after all (e.g. a compute location)
+            continue
+        if cand is None:
             continue
         h = kernel_hash(sch.mod)
         if h not in seen:
             seen.add(h)
-            out.append(ms.MeasureCandidate(sch, args_info))
+            out.append(cand)
         if len(out) >= k:
             break
     return out
@@ -863,13 +863,18 @@ def _postprocessed(ctx, spaces) -> list:
     from tvm.s_tir import meta_schedule as ms
 
     args_info = ms.arg_info.ArgInfo.from_prim_func(ctx.mod["main"])
-    out = []
-    for sp in spaces:
-        sch = sp.copy()
-        sch.enter_postproc()
-        if all(p.apply(sch) for p in ctx.space_generator.postprocs):
-            out.append(ms.MeasureCandidate(sch, args_info))
-    return out
+    return [c for c in (_candidate(ctx, sp.copy(), args_info) for sp in spaces) if c is not None]
+
+
+def _candidate(ctx, sch, args_info):
+    """``sch`` post-processed as the search would, as a measure candidate (None: a post-processor
+    rejects it)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    sch.enter_postproc()
+    if not all(p.apply(sch) for p in ctx.space_generator.postprocs):
+        return None
+    return ms.MeasureCandidate(sch, args_info)
 
 
 def leading_records(src: TuningLog, recs: list[Record], default: str | None) -> list[Record]:
