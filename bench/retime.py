@@ -2,25 +2,20 @@
 python bench/retime.py MODEL.onnx LOG LOG [...] [--target x86-avx512] [--rounds 5]
 
 Each kernel's best candidate of each log (``TuningLog.best_by_workload``) is rebuilt and timed
-cold in interleaved rounds (``LocalMeasurer.measure_rounds``: a kernel's candidates back to back),
-the median of its rounds kept; per log, the sum over kernels times their calls, as logged and as
-timed now. Two runs made hours apart on a VM whose speed drifts compare by this, not by their
+cold in interleaved rounds (bench/retiming.py), the median of its rounds kept; per log, the sum
+over kernels times their calls, as logged and as timed now. Two runs made hours apart on a VM whose speed drifts compare by this, not by their
 logged estimates.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
+
+import retiming
 
 
 def main() -> int:
-    from tvm.s_tir import meta_schedule as ms
-
-    from deploytool import frontend, pipeline, targets
-    from deploytool.measure import LocalMeasurer, MeasureSettings
-    from deploytool.schedules import space
     from deploytool.tuninglog import TuningLog
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,30 +28,23 @@ def main() -> int:
     missing = [p for p in [model, *logs] if not Path(p).is_file()]
     if missing:
         ap.error(f"no such file: {', '.join(missing)}")
-    tgt = targets.load(opts.target)
-    mod = pipeline.partition(pipeline.optimize(frontend.import_onnx(model).mod, tgt), tgt)
-    tasks = pipeline.tasks(mod)
+    k = retiming.kernels(model, opts.target)
+    tasks = k.tasks
     bests = [TuningLog.read(p).best_by_workload() for p in logs]
     jobs = []
     for ti, t in enumerate(tasks):
-        wmod = space.tuning_module(mod[t.name], tgt)
-        args = [([int(n) for n in x.shape], str(x.dtype)) for x in ms.arg_info.ArgInfo.from_prim_func(mod[t.name])]
         for li, b in enumerate(bests):
             r = b.get(t.workload_hash)
             if r is None:
                 raise SystemExit(f"{logs[li]} has no record of kernel {t.name}: not a log of this model")
-            jobs.append((ti, li, space.replay_trace(wmod, r.trace).mod, args, r.seconds))
-    me = LocalMeasurer(tgt, MeasureSettings())
-    try:
-        outs = me.measure_rounds([j[2] for j in jobs], [j[3] for j in jobs], [j[0] for j in jobs], opts.rounds)
-    finally:
-        me.close()
+            jobs.append((ti, li, k.replay(ti, r.trace), r.seconds))
+    outs = retiming.time_side_by_side(k, [(j[0], j[2]) for j in jobs], opts.rounds)
     now = [0.0] * len(logs); logged = [0.0] * len(logs)
-    for (ti, li, _, _, s), o in zip(jobs, outs):
-        if o.latency_s is None:
+    for (ti, li, _, s), (med, o) in zip(jobs, outs):
+        if med is None:
             raise SystemExit(f"{logs[li]}'s best candidate of {tasks[ti].name} failed now: {o.error}")
         c = max(tasks[ti].calls, 1)
-        now[li] += statistics.median(o.latency_s) * c * 1e3
+        now[li] += med * c * 1e3
         logged[li] += s * c * 1e3
     for p, a, b in zip(logs, logged, now):
         print(f"{p}: logged {a:.3f} ms, re-timed now {b:.3f} ms ({b / a:.3f}x)")

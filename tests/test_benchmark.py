@@ -74,3 +74,20 @@ def test_heldout_minutes_to_95pct_count_the_run_not_the_pause_before_its_resume(
     assert heldout.minutes_to(t, tasks, 1.5) == pytest.approx(20 / 60)
     assert heldout.minutes_to(t, tasks, 1.0) == pytest.approx(50 / 60)
     assert heldout.minutes_to(t, tasks, 0.9) is None
+
+
+def test_retime_curve_plots_earlier_results_and_names_a_missing_one(tmp_path):
+    """bench/retime_curve.py --plot-only: earlier re-timings of the same runs drawn side by side,
+    nothing measured; a result file that is not there is named in one line, exit code 2."""
+    import subprocess
+    import sys
+
+    res = [REPO / "bench/results/retime-bert-zen5.json", REPO / "bench/results/retime-bert-zen5-again.json"]
+    script = [sys.executable, str(REPO / "bench/retime_curve.py"), "--plot-only"]
+    r = subprocess.run([*script, *map(str, res), "--out", str(tmp_path / "both")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    png = (tmp_path / "both.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    r = subprocess.run([*script, str(tmp_path / "none.json"), "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert r.returncode == 2 and f"no such file: {tmp_path / 'none.json'}" in r.stderr.splitlines()[-1]
+    assert not (tmp_path / "x.png").exists()
