@@ -2,7 +2,8 @@
 
     python bench/pretrain.py DATA.npz --logs-dir DIR [--online squeezenet,ds_cnn_1d]
                              [--trials-per-task 8] [--seeds 0,1,2]
-                             [--kinds scratch,pretrained,metaschedule,metaschedule-pretrained,probe] [--ms-logs LOG...]
+                             [--kinds scratch,pretrained,metaschedule,metaschedule-pretrained,probe,library]
+                             [--ms-logs LOG...] [--library-logs LOG...]
                              [--predict-models ...] [--keep PREVIOUS.json] [--out bench/results]
 
 1. Offline (TenSet-style), for every model M of the dataset: pretrain on the other models' records,
@@ -12,7 +13,9 @@
    pretrained without M, and with MetaSchedule's own XGBModel from scratch (--cost-model
    metaschedule) and pretrained on the same records without M (metaschedule-pretrained: --ms-logs are the
    logs DATA was built from), and from the pretrained model with `tune --first-round 4` (probe: each kernel's first
-   round measures only the model's top 4), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
+   round measures only the model's top 4), and as probe with a schedule library built without M
+   (library: `tune --schedule-library`, the 2 nearest adapted donors per kernel measured in its
+   first round; --library-logs are the logs to build it from), in the same loop with the same seeds and budget; the curve of estimated end-to-end latency (sum of
    best kernel latencies x calls) against trials; trials to reach 95% of the reference, the best
    of M's full tuning log in DIR (M-<target>.jsonl, 64 trials per kernel); the latency at equal
    budgets.
@@ -110,7 +113,8 @@ KINDS = {"scratch": "from scratch", "pretrained": "pretrained without it",
          "metaschedule": "MetaSchedule XGBModel, from scratch",
          "metaschedule-pretrained": "MetaSchedule XGBModel, pretrained without it",
          "probe": "pretrained without it, first round of 4",  # tune --first-round 4: every kernel probed first
-         "transfer": "other family's model without it, first round of 4"}  # --transfer-from: e.g. AVX-512 for AVX2
+         "transfer": "other family's model without it, first round of 4",  # --transfer-from: e.g. AVX-512 for AVX2
+         "library": "pretrained without it, first round of 4, its schedules adapted"}  # probe + --schedule-library
 
 
 def write_markdown(out: Path, lines: list[str], note: str = "") -> None:
@@ -141,9 +145,10 @@ def markdown(res: dict, trials_per_task: int) -> str:
     other = bool(tf) and any("transfer" in r for r in res["offline"])
     head = ["pairwise acc.", "top-10 recall", "top-1 score"]
     cols = ["this family", "other family", "random"] if other else ["pretrained", "random"]
-    lines += ["Offline, each model held out (pretrained on the others):", "",
-              "| held-out model | " + " | ".join(f"{h}: {c}" for h in head for c in cols) + " |",
-              "|---|" + "---:|" * (len(head) * len(cols))]
+    if res["offline"]:  # none with --no-offline
+        lines += ["Offline, each model held out (pretrained on the others):", "",
+                  "| held-out model | " + " | ".join(f"{h}: {c}" for h in head for c in cols) + " |",
+                  "|---|" + "---:|" * (len(head) * len(cols))]
     for r in res["offline"]:
         runs = [r["pretrained"]] + ([r["transfer"]] if other else []) + [r["random"]]
         cells = [f"{x[k]:.3f}" for k in ("pairwise_accuracy", "top10_recall", "top1_score") for x in runs]
@@ -174,7 +179,8 @@ def markdown(res: dict, trials_per_task: int) -> str:
                                  if r["trials_to_95pct_of_reference"] is not None)
                 vs = f"{np.mean(f) / base_ms:.3f}x" if base_ms else "-"
                 ref_n95 = row.get("reference_trials_to_95pct")
-                fewer = f"{ref_n95 / np.median(reached):.2f}x" if reached and ref_n95 else "-"
+                fewer = ("-" if not (reached and ref_n95) else f"{ref_n95 / np.median(reached):.2f}x"
+                         if np.median(reached) > 0 else "none needed")  # the default schedules were within 95% already
                 same = at_trials(row.get("reference_curve_ms") or [], np.mean([r["trials"] for r in runs]))
                 lines.append(f"| {row['model']} | {kind} | {len(runs)} | {np.mean(f):.3f} ({min(f):.3f}-{max(f):.3f}) "
                              f"| {vs} | {len(reached)} of {len(runs)} | "
@@ -259,6 +265,8 @@ def main() -> int:
                     "x86-avx2.npz): the offline section also scores each held-out model with a model pretrained on it "
                     "(less that model), and kind 'transfer' tunes with it: is a family's own model worth shipping "
                     "over the nearest family's?")
+    ap.add_argument("--library-logs", nargs="*", default=[], help="the tuning logs kind 'library' builds its "
+                    "schedule library from (pretrain schedules), less the held-out model")
     args = ap.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     if any(k not in KINDS for k in kinds):
@@ -267,6 +275,8 @@ def main() -> int:
         ap.error("--kinds transfer needs --transfer-from (the other family's dataset)")
     if "metaschedule-pretrained" in kinds and not args.ms_logs:
         ap.error("--kinds metaschedule-pretrained needs --ms-logs (the logs DATA was built from)")
+    if "library" in kinds and not args.library_logs:
+        ap.error("--kinds library needs --library-logs (the logs to build the schedule library from)")
 
     import deploytool
     from deploytool import benchmark
@@ -342,16 +352,24 @@ def main() -> int:
             print(f"MetaSchedule's XGBModel pretrained without {m}: {msm.data_size} records, {len(msm.data)} kernels, "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
             row["metaschedule_pretrained_on"] = {"records": int(msm.data_size), "kernels": len(msm.data)}
+        lib_path = None
+        if "library" in kinds:
+            lib = P.build_library(args.library_logs, exclude=[m])
+            lib_path = tmp / f"without-{m}.schedules.json.gz"
+            lib.save(lib_path)
+            row["library_of"] = {"kernels": len(lib)}
+            print(f"schedule library without {m}: {len(lib)} kernels", flush=True)
         for seed in [int(s) for s in args.seeds.split(",")]:
             for kind in kinds:
                 cm = {"scratch": "none", "pretrained": str(loo[m]), "metaschedule": "metaschedule",
                       "metaschedule-pretrained": f"metaschedule:{ms_path}", "probe": str(loo[m]),
-                      "transfer": str(loo_other.get(m))}[kind]
+                      "transfer": str(loo_other.get(m)), "library": str(loo[m])}[kind]
                 log = tmp / f"{m}-{seed}-{kind}.jsonl"
                 t0 = time.perf_counter()
                 r = deploytool.tune(onnx_path, target=args.target, output=log, trials_per_task=args.trials_per_task,
                                     early_stop=0, seed=seed, cost_model=cm, settle=0,  # the curve ends before a settle
-                                    first_round=4 if kind in ("probe", "transfer") else 10**6)  # 10**6: a full first round
+                                    first_round=4 if kind in ("probe", "transfer", "library") else 10**6,  # 10**6: a full first round
+                                    schedule_library=str(lib_path) if kind == "library" else None)
                 curve = [(n, s * 1e3) for n, s in r.curve]
                 run = {"kind": KINDS[kind], "seed": seed, "curve_ms": curve, "final_ms": r.est_tuned_s * 1e3,
                        "untuned_ms": r.est_untuned_s * 1e3, "trials": r.trials_new,
