@@ -428,6 +428,12 @@ PRETRAIN_SECTIONS = [
      "`python bench/heldout.py`"),
     ("retime-bert-m207-library.md", "### BERT held out on a Xeon model 207, with and without the schedule library, "
      "every run's picks re-timed side by side: `python bench/retime_curve.py`"),
+    ("retime-bert-zen5.md", "### BERT held out on a Zen 5, against a 2,000-trial run from scratch, five cost models, "
+     "every run's picks re-timed side by side: `python bench/pretrain.py --kinds scratch,probe,library,metaschedule,"
+     "metaschedule-pretrained ...` and `python bench/retime_curve.py`"),
+    ("retime-bert-zen5-again.md", "### The same picks re-timed again: `python bench/retime_curve.py`"),
+    ("pretrain-bert-zen5-2000.md", "### The same runs by their logs (the VM drifted): `python bench/pretrain.py "
+     "--online bert_encoder --kinds scratch,probe,library,metaschedule,metaschedule-pretrained ...`"),
     ("pretrain-small-encoder-m167.md", "### The MiniLM-sized encoder held out, against a 2,000-trial run from "
      "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
     ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
