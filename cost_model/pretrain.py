@@ -353,7 +353,34 @@ def main(argv=None) -> int:
         return 2
 
 
+def _log_model(path) -> str:
+    """The model a log belongs to (``_model_name``), from its header line alone."""
+    from deploytool.tuninglog import _open_text
+
+    with _open_text(path, "r") as f:
+        for line in f:
+            obj = json.loads(line) if line.strip() else {}
+            if obj.get("type") == "header":
+                return _model_name(Path(path), obj)
+    return _model_name(Path(path), {})
+
+
+def _check_exclude(exclude, models, what: str) -> None:
+    """An ``--exclude`` that names no model of the input leaves nothing out: say so, and the names."""
+    unknown = sorted(set(exclude) - set(models))
+    if unknown:
+        raise ValueError(f"--exclude {unknown[0]}: no model of that name in {what} (its models: "
+                         f"{', '.join(sorted(set(models)))}); use one of those names")
+
+
 def _run(args) -> int:
+    if args.cmd in ("train", "schedules", "train-metaschedule") and args.exclude:
+        if args.cmd == "train":
+            names = set(load_dataset(args.data)["model"].tolist())
+            names |= {m for p in args.also for m in load_dataset(p)["model"].tolist()}
+            _check_exclude(args.exclude, names, "the dataset")
+        else:
+            _check_exclude(args.exclude, [_log_model(p) for p in args.logs], "these logs")
     if args.cmd == "dataset":
         d = build_dataset(args.logs, args.output, args.model)
         print(f"{args.output}: {len(d['latency'])} records, {len(np.unique(d['group']))} kernels, "

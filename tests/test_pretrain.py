@@ -185,6 +185,22 @@ def test_pretrain_bad_input_is_one_line(tmp_path):
     assert not (tmp_path / "d.npz").exists()
 
 
+@pytest.mark.fast
+def test_exclude_naming_no_model_is_one_line_with_the_names(tmp_path):
+    """An --exclude that names no model of the input would leave nothing out, silently (a held-out
+    benchmark that is not held out): refused, with the names there are. A log's model is its file
+    name's (squeezenet1.0-x86-avx512.jsonl: squeezenet1.0); nothing is written."""
+    logs = [REPO / "tuning_logs" / "squeezenet1.0-x86-avx512.jsonl", REPO / "tuning_logs" / "ds_cnn_1d-x86-avx512.jsonl.gz"]
+    for cmd, inputs in (("schedules", logs), ("train-metaschedule", logs),
+                        ("train", [REPO / "cost_model" / "data" / "x86-avx2.npz"])):
+        out = tmp_path / f"{cmd}.out"
+        r = _pretrain(cmd, *inputs, "--exclude", "squeezenet" if cmd != "train" else "squeezenet1.0", "-o", out)
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        assert r.returncode == 2 and len(lines) == 1, (cmd, r.stderr)
+        assert "no model of that name" in lines[0] and ("squeezenet1.0" if cmd != "train" else "squeezenet,") in lines[0]
+        assert not out.exists()
+
+
 def test_target_families():
     from deploytool import targets
     from deploytool.cost_model.pretrain import family_of
