@@ -132,8 +132,8 @@ def main() -> int:
 
 
 def plot(res: dict, path: Path, others: tuple = ()) -> None:
-    """The re-timed estimates as shipped against trials: one line per run (a colour per kind), the
-    reference as a black step line, the untuned estimate and 95% of the reference's best as
+    """The re-timed estimates as shipped against trials (log scale): one line per run (a colour per
+    kind), the reference as a black step line to its last budget, the untuned estimate and 95% of the reference's best as
     horizontal lines. ``others``: more results of the same runs re-timed again, a panel each."""
     import matplotlib
 
@@ -142,14 +142,12 @@ def plot(res: dict, path: Path, others: tuple = ()) -> None:
 
     every = [res, *others]
     fig, axes = plt.subplots(1, len(every), figsize=(7 * len(every), 4.5), squeeze=False, sharey=True)
-    longest = max(r["trials"] for r in res["rows"] if r["kind"] != REFERENCE)
     for i, (ax, one) in enumerate(zip(axes[0], every)):
         colors = {}
         for kind in dict.fromkeys(r["kind"] for r in one["rows"]):
             for seed in dict.fromkeys(r["seed"] for r in one["rows"] if r["kind"] == kind):
                 pts = sorted((r["trials"], r["shipped_ms"]) for r in one["rows"] if r["kind"] == kind and r["seed"] == seed)
                 if kind == REFERENCE:
-                    pts = [p for p in pts if p[0] <= longest] or pts[:1]
                     xs, ys = zip(*pts)
                     ax.step(xs, ys, where="post", color="black", lw=2, label=kind if seed == 0 else None)
                     continue
@@ -161,7 +159,8 @@ def plot(res: dict, path: Path, others: tuple = ()) -> None:
         ax.axhline(one["reference_best_ms"] / 0.95, color="gray", ls=":", label="95% of the reference's best")
         ax.axhline(one["reference_best_ms"], color="black", ls=":", lw=1, label="the reference's best (all its trials)")
         ax.set_title(f"{one['model']}, {one['target']}: picks re-timed" + (f" (re-timing {i + 1})" if others else ""))
-        ax.set_xlabel("trials")
+        ax.set_xscale("log")
+        ax.set_xlabel("trials (log scale)")
         ax.set_ylabel("estimated end to end as shipped (ms)")
         ax.legend(fontsize=6, loc="upper right")
     fig.tight_layout()

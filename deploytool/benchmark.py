@@ -434,6 +434,9 @@ PRETRAIN_SECTIONS = [
     ("retime-bert-zen5-again.md", "### The same picks re-timed again: `python bench/retime_curve.py`"),
     ("pretrain-bert-zen5-2000.md", "### The same runs by their logs (the VM drifted): `python bench/pretrain.py "
      "--online bert_encoder --kinds scratch,probe,library,metaschedule,metaschedule-pretrained ...`"),
+    ("retime-mobilenet-zen5.md", "### MobileNetV2 held out on a Zen 5, against a 2,000-trial run from scratch, 400 "
+     "trials, the picks re-timed side by side: `deploytool tune --trials 400` and `python bench/retime_curve.py`"),
+    ("retime-mobilenet-zen5-again.md", "### The same picks re-timed again: `python bench/retime_curve.py`"),
     ("pretrain-small-encoder-m167.md", "### The MiniLM-sized encoder held out, against a 2,000-trial run from "
      "scratch (Xeon model 167), 200 trials: `deploytool tune --trials 200` and `python bench/heldout.py`"),
     ("transfer-bert.md", "### Why BERT's matmuls barely transfer: held-out ranking kernel by kernel: "
