@@ -179,8 +179,12 @@ def markdown(res: dict, trials_per_task: int) -> str:
                                  if r["trials_to_95pct_of_reference"] is not None)
                 vs = f"{np.mean(f) / base_ms:.3f}x" if base_ms else "-"
                 ref_n95 = row.get("reference_trials_to_95pct")
-                fewer = ("-" if not (reached and ref_n95) else f"{ref_n95 / np.median(reached):.2f}x"
-                         if np.median(reached) > 0 else "none needed")  # the default schedules were within 95% already
+                if not (reached and ref_n95):
+                    fewer = "-"
+                elif np.median(reached) == 0:  # the default schedules were within 95% already
+                    fewer = "none needed"
+                else:
+                    fewer = f"{ref_n95 / np.median(reached):.2f}x"
                 same = at_trials(row.get("reference_curve_ms") or [], np.mean([r["trials"] for r in runs]))
                 lines.append(f"| {row['model']} | {kind} | {len(runs)} | {np.mean(f):.3f} ({min(f):.3f}-{max(f):.3f}) "
                              f"| {vs} | {len(reached)} of {len(runs)} | "

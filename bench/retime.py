@@ -3,8 +3,8 @@ python bench/retime.py MODEL.onnx LOG LOG [...] [--target x86-avx512] [--rounds 
 
 Each kernel's best candidate of each log (``TuningLog.best_by_workload``) is rebuilt and timed
 cold in interleaved rounds (bench/retiming.py), the median of its rounds kept; per log, the sum
-over kernels times their calls, as logged and as timed now. Two runs made hours apart on a VM whose speed drifts compare by this, not by their
-logged estimates.
+over kernels times their calls, as logged and as timed now. Two runs made hours apart on a VM
+whose speed drifts compare by this, not by their logged estimates.
 """
 
 from __future__ import annotations

@@ -133,8 +133,9 @@ def main() -> int:
 
 def plot(res: dict, path: Path, others: tuple = ()) -> None:
     """The re-timed estimates as shipped against trials (log scale): one line per run (a colour per
-    kind), the reference as a black step line to its last budget, the untuned estimate and 95% of the reference's best as
-    horizontal lines. ``others``: more results of the same runs re-timed again, a panel each."""
+    kind), the reference as a black step line to its last budget, the untuned estimate, the
+    reference's best and 95% of it as horizontal lines. ``others``: more results of the same runs
+    re-timed again, a panel each."""
     import matplotlib
 
     matplotlib.use("Agg")

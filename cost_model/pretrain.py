@@ -354,15 +354,10 @@ def main(argv=None) -> int:
 
 
 def _log_model(path) -> str:
-    """The model a log belongs to (``_model_name``), from its header line alone."""
-    from deploytool.tuninglog import _open_text
+    """The model a log belongs to (``_model_name``), from its header alone."""
+    from deploytool.tuninglog import read_header
 
-    with _open_text(path, "r") as f:
-        for line in f:
-            obj = json.loads(line) if line.strip() else {}
-            if obj.get("type") == "header":
-                return _model_name(Path(path), obj)
-    return _model_name(Path(path), {})
+    return _model_name(Path(path), read_header(path))
 
 
 def _check_exclude(exclude, models, what: str) -> None:

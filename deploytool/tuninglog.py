@@ -185,10 +185,7 @@ class TuningLog:
     # ------------------------------------------------------------------ reading
     @classmethod
     def read(cls, path: str | Path) -> TuningLog:
-        path = Path(path)
-        if not path.is_file():
-            raise TuningLogError(f"tuning log '{path}' does not exist",
-                                 "check the path, or create one with `deploytool tune`")
+        path = _existing(path)
         header = None
         workloads: dict[str, Workload] = {}
         records: list[Record] = []
@@ -427,6 +424,27 @@ def require_appendable(path) -> None:
         raise TuningLogError(f"cannot append to the compressed tuning log '{path}'",
                              f"decompress it first (gunzip -k {path}) and tune into the .jsonl; gzip it again to "
                              "ship it")
+
+
+def _existing(path) -> Path:
+    path = Path(path)
+    if not path.is_file():
+        raise TuningLogError(f"tuning log '{path}' does not exist",
+                             "check the path, or create one with `deploytool tune`")
+    return path
+
+
+def read_header(path) -> dict[str, Any]:
+    """A log's header alone ({} if it has none), without reading its records."""
+    with _open_text(_existing(path), "r") as f:
+        for line in _lines(f, path):
+            try:
+                obj = json.loads(line) if line.strip() else {}
+            except ValueError:
+                continue  # as ``read`` does: a bad line (one cut short) is skipped
+            if isinstance(obj, dict) and obj.get("type") == "header":
+                return obj
+    return {}
 
 
 def _open_text(path, mode: str, compressed: bool | None = None):

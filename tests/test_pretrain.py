@@ -199,6 +199,9 @@ def test_exclude_naming_no_model_is_one_line_with_the_names(tmp_path):
         assert r.returncode == 2 and len(lines) == 1, (cmd, r.stderr)
         assert "no model of that name" in lines[0] and ("squeezenet1.0" if cmd != "train" else "squeezenet,") in lines[0]
         assert not out.exists()
+    # a log that is not there is named as such, --exclude or not
+    r = _pretrain("schedules", tmp_path / "nope.jsonl", "--exclude", "x", "-o", tmp_path / "s.out")
+    assert r.returncode == 2 and "tuning log" in r.stderr and "does not exist" in r.stderr, r.stderr
 
 
 def test_target_families():
